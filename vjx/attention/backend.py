@@ -1,0 +1,54 @@
+"""The attention backend interface and the registry that picks one by name or platform."""
+
+from typing import Protocol
+
+from jaxtyping import Array, Float
+
+from vjx.attention.metadata import AttentionMetadata
+
+
+class AttentionBackend(Protocol):
+    """Writes a step's K/V into the paged cache and attends every query token.
+
+    Attention is causal, aligned to the END of each sequence: query i of a row with q_len
+    query tokens and seq_len keys sees keys < seq_len - q_len + i + 1.
+    """
+
+    name: str
+
+    def kv_cache_shape(
+        self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
+    ) -> tuple[int, ...]:
+        """Shape of one layer's cache array; the layout is the backend's own."""
+        ...
+
+    def forward(
+        self,
+        q: Float[Array, "T N H"],
+        k: Float[Array, "T K H"],
+        v: Float[Array, "T K H"],
+        kv_cache: Array,
+        md: AttentionMetadata,
+        *,
+        sm_scale: float,
+        sliding_window: int | None = None,
+        soft_cap: float | None = None,
+    ) -> tuple[Float[Array, "T N H"], Array]:
+        """Returns the attention output and the updated cache."""
+        ...
+
+
+def _backends() -> dict[str, type]:
+    from vjx.attention.reference import ReferenceBackend
+
+    return {ReferenceBackend.name: ReferenceBackend}
+
+
+def get_attention_backend(name: str | None) -> AttentionBackend:
+    """The backend called `name`; None means the reference backend, the only one so far."""
+    backends = _backends()
+    name = name or "reference"
+    if name not in backends:
+        raise ValueError(f"attention_backend must be one of {sorted(backends)}, got {name!r}.")
+    return backends[name]()
+

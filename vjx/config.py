@@ -1,0 +1,81 @@
+"""Frozen engine configuration, documented field by field.
+
+`EngineArgs` (engine_args.py) validates user arguments and builds a `VjxConfig`; every other
+part reads it and never mutates it. Runtime facts (the number of KV blocks, the buckets) are
+returned by the part that measures them and passed on, not written back here.
+"""
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """What model runs and how its weights are read."""
+
+    model: str
+    """Path of a Hugging Face model directory (config.json, *.safetensors, tokenizer files)."""
+    tokenizer: str
+    """Path of the tokenizer directory; the model directory unless given."""
+    hf_config: Any
+    """The `transformers.PretrainedConfig` read from the model directory."""
+    dtype: str
+    """Activation and weight dtype: "float32", "bfloat16" or "float16"."""
+    max_model_len: int
+    """Most tokens (prompt + output) one request may hold."""
+    seed: int
+    """Seed for dummy weights and for requests that give no seed of their own."""
+    load_format: str
+    """"auto" (safetensors), "safetensors" or "dummy" (random weights of the real shapes)."""
+
+    @property
+    def architecture(self) -> str:
+        return self.hf_config.architectures[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheConfig:
+    """The paged KV cache."""
+
+    block_size: int
+    """Tokens per KV block (page)."""
+    gpu_memory_utilization: float
+    """Fraction of device memory the engine may use, weights and KV cache together."""
+    num_gpu_blocks_override: int | None
+    """Number of KV blocks to allocate instead of sizing the pool from free memory."""
+    enable_prefix_caching: bool
+    """Reuse the KV blocks of identical prompt prefixes across requests."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerConfig:
+    """The token budget and the batch limits of one step."""
+
+    max_num_seqs: int
+    """Most requests running in one step."""
+    max_num_batched_tokens: int
+    """Most tokens (prompt and output) computed in one step."""
+    max_model_len: int
+    """Copy of `ModelConfig.max_model_len`, so the scheduler needs no model config."""
+    enable_chunked_prefill: bool
+    """Split a long prompt over several steps instead of waiting for a step it fits in."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelConfig:
+    """How the model is spread over devices."""
+
+    tensor_parallel_size: int
+    """Devices the attention heads and MLP width are split over (mesh axis `model`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class VjxConfig:
+    """Everything one engine needs to know, built once by `EngineArgs.create_engine_config`."""
+
+    model_config: ModelConfig
+    cache_config: CacheConfig
+    scheduler_config: SchedulerConfig
+    parallel_config: ParallelConfig
+    attention_backend: str
+    """Name in the attention backend registry: "reference" or "pallas_gpu"."""

@@ -1,0 +1,45 @@
+"""What the scheduler decided for one step, as a diff against the runner's persistent batch."""
+
+import dataclasses
+
+from vjx.sampling_params import SamplingParams
+
+
+@dataclasses.dataclass
+class NewRequestData:
+    """A request the runner has not seen (or has dropped): everything it needs to run it."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    block_ids: tuple[list[int], ...]
+    """One block id list per KV cache group."""
+    num_computed_tokens: int
+
+
+@dataclasses.dataclass
+class CachedRequestData:
+    """Requests the runner already holds: only what changed, row by row."""
+
+    req_ids: list[str] = dataclasses.field(default_factory=list)
+    resumed_from_preemption: list[bool] = dataclasses.field(default_factory=list)
+    """True: `new_block_ids` replaces the request's blocks instead of extending them."""
+    new_block_ids: list[tuple[list[int], ...] | None] = dataclasses.field(default_factory=list)
+    num_computed_tokens: list[int] = dataclasses.field(default_factory=list)
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.req_ids)
+
+
+@dataclasses.dataclass
+class SchedulerOutput:
+    """One step: which requests run and how many tokens each computes."""
+
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: CachedRequestData
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    finished_req_ids: set[str]
+    """Requests finished or aborted since the last step: the runner drops their state."""
+    num_common_prefix_blocks: tuple[int, ...] = (0,)

@@ -1,0 +1,22 @@
+"""EngineCoreClient: how the front end reaches EngineCore (in this process, for now)."""
+
+from vjx.config import VjxConfig
+from vjx.engine.core import EngineCore
+from vjx.engine.messages import EngineCoreOutputs, EngineCoreRequest
+
+
+class InprocClient:
+    """Calls EngineCore directly; `get_output()` runs one step."""
+
+    def __init__(self, config: VjxConfig):
+        self.engine_core = EngineCore(config)
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        self.engine_core.add_request(request)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        if request_ids:
+            self.engine_core.abort_requests(request_ids)
+
+    def get_output(self) -> EngineCoreOutputs:
+        return self.engine_core.step()

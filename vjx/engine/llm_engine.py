@@ -1,0 +1,50 @@
+"""LLMEngine: the synchronous front end (tokenize, run EngineCore, detokenize)."""
+
+import transformers
+
+from vjx.engine.core_client import InprocClient
+from vjx.engine.input_processor import InputProcessor
+from vjx.engine.output_processor import OutputProcessor
+from vjx.engine_args import EngineArgs
+from vjx.outputs import RequestOutput
+from vjx.sampling_params import SamplingParams
+
+
+class LLMEngine:
+    """vLLM's LLMEngine: `add_request` then `step` until `has_unfinished_requests` is False."""
+
+    def __init__(self, engine_args: EngineArgs):
+        self.config = engine_args.create_engine_config()
+        model_config = self.config.model_config
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(model_config.tokenizer)
+        self.input_processor = InputProcessor(model_config, self.tokenizer)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self.engine_core = InprocClient(self.config)
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
+        return cls(engine_args)
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def add_request(self, request_id: str, prompt, params: SamplingParams, priority: int = 0) -> None:
+        request, prompt_text = self.input_processor.process_inputs(request_id, prompt, params, priority=priority)
+        self.output_processor.add_request(request, prompt_text)
+        self.engine_core.add_request(request)
+
+    def abort_request(self, request_ids: list[str]) -> None:
+        self.output_processor.abort_requests(request_ids)
+        self.engine_core.abort_requests(request_ids)
+
+    def step(self) -> list[RequestOutput]:
+        outputs = self.engine_core.get_output()
+        processed = self.output_processor.process_outputs(outputs.outputs)
+        self.engine_core.abort_requests(processed.reqs_to_abort)
+        return processed.request_outputs
+
+    def has_unfinished_requests(self) -> bool:
+        return self.output_processor.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        return self.output_processor.get_num_unfinished_requests()

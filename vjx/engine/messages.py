@@ -1,0 +1,55 @@
+"""Messages between the front end (LLMEngine, AsyncLLM) and EngineCore.
+
+Plain data, no behaviour: the scheduler builds outputs, the output processor reads them.
+"""
+
+import dataclasses
+import enum
+
+from vjx.sampling_params import SamplingParams
+
+
+class FinishReason(enum.IntEnum):
+    """Why a request finished; `str()` gives the OpenAI API's word."""
+
+    STOP = 0
+    LENGTH = 1
+    ABORT = 2
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+
+@dataclasses.dataclass
+class EngineCoreRequest:
+    """A tokenized, validated request on its way into EngineCore."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_id: int | None
+    arrival_time: float
+    priority: int = 0
+
+
+@dataclasses.dataclass
+class EngineCoreOutput:
+    """New tokens of one request after one step."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclasses.dataclass
+class EngineCoreOutputs:
+    """Everything one `EngineCore.step` produced."""
+
+    outputs: list[EngineCoreOutput] = dataclasses.field(default_factory=list)
+    finished_requests: set[str] = dataclasses.field(default_factory=set)

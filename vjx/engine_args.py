@@ -1,0 +1,155 @@
+"""EngineArgs: the user's engine arguments (vLLM's names and defaults) -> a frozen VjxConfig.
+
+The command-line flags are generated from the fields below; each field's `help` is its doc.
+"""
+
+import argparse
+import dataclasses
+import os
+import typing
+
+import jax
+import transformers
+
+from vjx.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, VjxConfig
+
+_DTYPES = {"float32": "float32", "float": "float32", "bfloat16": "bfloat16", "float16": "float16", "half": "float16"}
+_LOAD_FORMATS = ("auto", "safetensors", "dummy")
+_BLOCK_SIZES = (8, 16, 32, 64, 128)
+# CPU compiles are slow (2 cores in CI): a smaller default token budget keeps the bucket set
+# small. Accelerators take vLLM's offline default.
+_DEFAULT_BATCHED_TOKENS = {"cpu": 512}
+_DEFAULT_BATCHED_TOKENS_ACCEL = 8192
+# Without chunked prefill a whole prompt must fit the budget (vLLM's floor).
+_MIN_UNCHUNKED_BATCHED_TOKENS = 2048
+
+
+def _field(default, help: str):
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+@dataclasses.dataclass
+class EngineArgs:
+    model: str | None = _field(None, "HF model directory; None uses the embedded SmolLM2-135M-Instruct.")
+    tokenizer: str | None = _field(None, "Tokenizer directory; the model directory when None.")
+    dtype: str = _field("auto", "auto, float32, bfloat16 or float16. auto: the checkpoint's dtype "
+                        "on CPU, bfloat16 for float32 checkpoints on accelerators.")
+    seed: int = _field(0, "Seed for dummy weights and for requests without a seed of their own.")
+    max_model_len: int | None = _field(None, "Most tokens per request; the model's context length when None.")
+    block_size: int = _field(16, f"Tokens per KV cache block, one of {_BLOCK_SIZES}.")
+    gpu_memory_utilization: float = _field(0.9, "Fraction of device memory for weights and KV cache, in (0, 1].")
+    num_gpu_blocks_override: int | None = _field(None, "Number of KV blocks, instead of sizing from free memory.")
+    max_num_seqs: int = _field(256, "Most requests in one step.")
+    max_num_batched_tokens: int | None = _field(None, "Token budget of one step; 8192 on accelerators, 512 on CPU.")
+    enable_prefix_caching: bool = _field(True, "Reuse KV blocks of shared prompt prefixes.")
+    enable_chunked_prefill: bool = _field(True, "Split long prompts over several steps.")
+    tensor_parallel_size: int = _field(1, "Devices to split the model over (only 1 so far).")
+    load_format: str = _field("auto", f"How to read weights: one of {_LOAD_FORMATS}.")
+    attention_backend: str | None = _field(None, "Attention backend name; the platform's default when None.")
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        for f in dataclasses.fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            kind = ([a for a in typing.get_args(f.type) if a is not type(None)] or [f.type])[0]
+            if kind is bool:
+                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default,
+                                    help=f.metadata["help"])
+            else:
+                parser.add_argument(flag, type=kind, default=f.default, help=f.metadata["help"])
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+
+    def create_engine_config(self) -> VjxConfig:
+        self._verify_args()
+        model = self._resolve_model()
+        hf_config = transformers.AutoConfig.from_pretrained(model)
+        max_model_len = self._max_model_len(hf_config)
+        model_config = ModelConfig(
+            model=model,
+            tokenizer=self.tokenizer or model,
+            hf_config=hf_config,
+            dtype=self._dtype(hf_config),
+            max_model_len=max_model_len,
+            seed=self.seed,
+            load_format=self.load_format,
+        )
+        return VjxConfig(
+            model_config=model_config,
+            cache_config=CacheConfig(
+                block_size=self.block_size,
+                gpu_memory_utilization=self.gpu_memory_utilization,
+                num_gpu_blocks_override=self.num_gpu_blocks_override,
+                enable_prefix_caching=self.enable_prefix_caching,
+            ),
+            scheduler_config=self._scheduler_config(max_model_len),
+            parallel_config=ParallelConfig(tensor_parallel_size=self.tensor_parallel_size),
+            attention_backend=self.attention_backend or "reference",
+        )
+
+    def _verify_args(self) -> None:
+        if self.block_size not in _BLOCK_SIZES:
+            raise ValueError(f"block_size must be one of {_BLOCK_SIZES}, got {self.block_size}.")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
+        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 2:
+            raise ValueError(f"num_gpu_blocks_override must be at least 2, got {self.num_gpu_blocks_override}.")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}.")
+        if self.tensor_parallel_size != 1:
+            raise ValueError(f"tensor_parallel_size must be 1 (tensor parallelism is not supported yet), "
+                             f"got {self.tensor_parallel_size}.")
+        if self.load_format not in _LOAD_FORMATS:
+            raise ValueError(f"load_format must be one of {_LOAD_FORMATS}, got {self.load_format!r}.")
+        if self.dtype != "auto" and self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {self.dtype!r}.")
+
+    def _resolve_model(self) -> str:
+        if self.model is None:
+            from vjx.models.default_model import get_default_model_path
+
+            return get_default_model_path()
+        if not os.path.isfile(os.path.join(self.model, "config.json")):
+            raise ValueError(f"model must be a Hugging Face model directory with a config.json, got {self.model!r}.")
+        return self.model
+
+    def _dtype(self, hf_config) -> str:
+        if self.dtype != "auto":
+            return _DTYPES[self.dtype]
+        dtype = str(getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None) or "float32")
+        dtype = _DTYPES.get(dtype.removeprefix("torch."), "float32")
+        if dtype == "float32" and jax.default_backend() != "cpu":
+            return "bfloat16"
+        return dtype
+
+    def _max_model_len(self, hf_config) -> int:
+        limit = getattr(hf_config, "max_position_embeddings", None)
+        if self.max_model_len is None:
+            if limit is None:
+                raise ValueError("max_model_len must be given: the model config has no max_position_embeddings.")
+            return limit
+        if self.max_model_len < 1 or (limit is not None and self.max_model_len > limit):
+            raise ValueError(f"max_model_len must be in [1, {limit}] (the model's max_position_embeddings), "
+                             f"got {self.max_model_len}.")
+        return self.max_model_len
+
+    def _scheduler_config(self, max_model_len: int) -> SchedulerConfig:
+        budget = self.max_num_batched_tokens
+        if budget is None:
+            budget = _DEFAULT_BATCHED_TOKENS.get(jax.default_backend(), _DEFAULT_BATCHED_TOKENS_ACCEL)
+            if not self.enable_chunked_prefill:
+                budget = max(max_model_len, _MIN_UNCHUNKED_BATCHED_TOKENS)
+        if budget < self.max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens ({budget}) must be greater than or equal to "
+                             f"max_num_seqs ({self.max_num_seqs}).")
+        if not self.enable_chunked_prefill and budget < max_model_len:
+            raise ValueError(f"max_num_batched_tokens ({budget}) must be at least max_model_len "
+                             f"({max_model_len}) when enable_chunked_prefill is False.")
+        return SchedulerConfig(
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=budget,
+            max_model_len=max_model_len,
+            enable_chunked_prefill=self.enable_chunked_prefill,
+        )

@@ -1,0 +1,22 @@
+"""The executor interface: how EngineCore reaches the workers that hold the model."""
+
+import abc
+
+from vjx.config import VjxConfig
+from vjx.core.sched.output import SchedulerOutput
+from vjx.outputs import ModelRunnerOutput
+
+
+class Executor(abc.ABC):
+    def __init__(self, config: VjxConfig):
+        self.config = config
+
+    @abc.abstractmethod
+    def determine_num_available_blocks(self) -> int: ...
+
+    @abc.abstractmethod
+    def initialize(self, num_blocks: int) -> float:
+        """Allocates the KV cache and compiles every step variant; returns compile seconds."""
+
+    @abc.abstractmethod
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput: ...

@@ -1,0 +1,23 @@
+"""UniProcExecutor: one Python controller drives the whole local device set."""
+
+from vjx.config import VjxConfig
+from vjx.core.sched.output import SchedulerOutput
+from vjx.executor.abstract import Executor
+from vjx.outputs import ModelRunnerOutput
+from vjx.worker.worker import Worker
+
+
+class UniProcExecutor(Executor):
+    def __init__(self, config: VjxConfig):
+        super().__init__(config)
+        self.worker = Worker(config)
+
+    def determine_num_available_blocks(self) -> int:
+        return self.worker.determine_num_available_blocks()
+
+    def initialize(self, num_blocks: int) -> float:
+        self.worker.initialize_cache(num_blocks)
+        return self.worker.compile_or_warm_up_model()
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self.worker.execute_model(scheduler_output)

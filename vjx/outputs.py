@@ -1,0 +1,44 @@
+"""Output objects: what users get back (vLLM's `RequestOutput`) and what a step returns."""
+
+import dataclasses
+
+
+@dataclasses.dataclass
+class CompletionOutput:
+    """One completion of a request."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None = None
+    logprobs: list | None = None
+    finish_reason: str | None = None
+    """"stop" (EOS, a stop token or a stop string), "length" or "abort"; None while running."""
+    stop_reason: int | str | None = None
+    """The stop token id or stop string that ended the completion; None for EOS or length."""
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclasses.dataclass
+class RequestOutput:
+    """The state of one request: its prompt and its completions so far."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    prompt_logprobs: list | None = None
+
+
+@dataclasses.dataclass
+class ModelRunnerOutput:
+    """What one executed step hands back to the scheduler (host lists, no device arrays)."""
+
+    req_ids: list[str]
+    """Requests of the step, in the runner's row order."""
+    req_id_to_index: dict[str, int]
+    sampled_token_ids: list[list[int]]
+    """Per row, the tokens sampled this step: one token, or none for a partial prefill."""

@@ -1,0 +1,182 @@
+"""ModelRunner: applies the scheduler's diff to the persistent batch and runs one step.
+
+Per step: update request state from the `SchedulerOutput`, order the scheduled rows
+decode-first, fill the bucket's packed int32 buffer, move it with one transfer, call the
+AOT-compiled step, and hand the sampled tokens back as a `ModelRunnerOutput`.
+"""
+
+import logging
+import time
+
+import jax
+import numpy as np
+from flax import nnx
+
+from vjx.config import VjxConfig
+from vjx.core.sched.output import SchedulerOutput
+from vjx.outputs import ModelRunnerOutput
+from vjx.worker.compile_watch import CompileWatch
+from vjx.worker.input_batch import CachedRequestState, InputBatch
+from vjx.worker.step import StepLayout, compile_step, token_buckets
+
+logger = logging.getLogger(__name__)
+
+_SEED_MASK = 0x7FFFFFFF
+
+
+class ModelRunner:
+    """Owns the persistent batch, the KV cache arrays and the compiled step variants."""
+
+    def __init__(self, config: VjxConfig, model: nnx.Module, kv_caches: list[jax.Array]):
+        sched = config.scheduler_config
+        self.block_size = config.cache_config.block_size
+        self.max_num_reqs = sched.max_num_seqs
+        max_blocks = -(-sched.max_model_len // self.block_size)
+        self.input_batch = InputBatch(self.max_num_reqs, sched.max_model_len, max_blocks)
+        self.requests: dict[str, CachedRequestState] = {}
+        self.kv_caches = kv_caches
+        self.graphdef, state = nnx.split(model)
+        self.param_leaves, self.treedef = jax.tree.flatten(state)
+        self.layouts = {
+            t: StepLayout(t, self.max_num_reqs, min(t, self.max_num_reqs), max_blocks)
+            for t in token_buckets(sched.max_num_batched_tokens)
+        }
+        self._packed = {t: np.zeros(layout.size, np.int32) for t, layout in self.layouts.items()}
+        self._compiled = {}
+        self._seed_rng = np.random.default_rng(config.model_config.seed)
+        self.compile_watch = CompileWatch()
+
+    def compile_or_warm_up_model(self) -> float:
+        """Compiles every bucket's step ahead of the first request; returns the seconds spent."""
+        start = time.perf_counter()
+        for num_tokens in self.layouts:
+            self._compiled[num_tokens] = self.compile_layout(num_tokens)
+        elapsed = time.perf_counter() - start
+        logger.info("compiled %d step variants in %.1f s", len(self.layouts), elapsed)
+        return elapsed
+
+    def compile_layout(self, num_tokens: int):
+        return compile_step(
+            self.layouts[num_tokens], self.graphdef, self.treedef, self.param_leaves, self.kv_caches
+        )
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        self._update_states(scheduler_output)
+        if scheduler_output.total_num_scheduled_tokens == 0:
+            return ModelRunnerOutput([], {}, [])
+        rows, num_tokens = self._order_rows(scheduler_output)
+        layout = self._layout_for(int(num_tokens.sum()))
+        packed = self._prepare_inputs(layout, rows, num_tokens)
+        with self.compile_watch:
+            self.kv_caches, sampled = self._compiled[layout.num_tokens](
+                self.param_leaves, self.kv_caches, jax.device_put(packed)
+            )
+            sampled = np.asarray(sampled)
+        return self._update_from_sampled(rows, num_tokens, sampled)
+
+    def _update_states(self, so: SchedulerOutput) -> None:
+        batch = self.input_batch
+        for req_id in so.finished_req_ids:
+            self.requests.pop(req_id, None)
+            batch.remove_request(req_id)
+        for req_id in list(batch.req_id_to_index):
+            if req_id not in so.num_scheduled_tokens:
+                batch.remove_request(req_id)
+        for new in so.scheduled_new_reqs:
+            seed = new.sampling_params.seed
+            state = CachedRequestState(
+                req_id=new.req_id,
+                prompt_token_ids=new.prompt_token_ids,
+                sampling_params=new.sampling_params,
+                seed=(seed if seed is not None else int(self._seed_rng.integers(_SEED_MASK))) & _SEED_MASK,
+                block_ids=list(new.block_ids[0]),
+                num_computed_tokens=new.num_computed_tokens,
+            )
+            self.requests[new.req_id] = state
+            batch.add_request(state)
+        cached = so.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            self._update_cached_request(
+                self.requests[req_id],
+                cached.num_computed_tokens[i],
+                cached.new_block_ids[i],
+                cached.resumed_from_preemption[i],
+            )
+
+    def _update_cached_request(self, state, num_computed, new_block_ids, resumed) -> None:
+        batch = self.input_batch
+        state.num_computed_tokens = num_computed
+        new_ids = list(new_block_ids[0]) if new_block_ids is not None else []
+        state.block_ids = new_ids if resumed else state.block_ids + new_ids
+        row = batch.req_id_to_index.get(state.req_id)
+        if row is None:
+            batch.add_request(state)
+            return
+        batch.num_computed_tokens[row] = num_computed
+        if new_ids:
+            batch.block_table.append_row(new_ids, row)
+
+    def _order_rows(self, so: SchedulerOutput) -> tuple[np.ndarray, np.ndarray]:
+        """The scheduled slots, decode rows (one token) first, and their token counts."""
+        index = self.input_batch.req_id_to_index
+        rows = np.fromiter((index[r] for r in so.num_scheduled_tokens), np.int32)
+        num_tokens = np.fromiter(so.num_scheduled_tokens.values(), np.int32)
+        order = np.argsort(num_tokens > 1, kind="stable")
+        return rows[order], num_tokens[order]
+
+    def _layout_for(self, total_tokens: int) -> StepLayout:
+        for num_tokens, layout in self.layouts.items():
+            if total_tokens <= num_tokens:
+                return layout
+        raise ValueError(f"{total_tokens} tokens exceed the largest bucket {num_tokens}.")
+
+    def _prepare_inputs(self, layout: StepLayout, rows: np.ndarray, num_tokens: np.ndarray) -> np.ndarray:
+        batch = self.input_batch
+        packed = self._packed[layout.num_tokens]
+        packed.fill(0)
+        num_rows, total = len(rows), int(num_tokens.sum())
+        start = batch.num_computed_tokens[rows]
+        cu = np.cumsum(num_tokens)
+        row_of_token = np.repeat(np.arange(num_rows), num_tokens)
+        positions = start[row_of_token] + np.arange(total) - (cu - num_tokens)[row_of_token]
+        token_rows = rows[row_of_token]
+        layout.view(packed, "input_ids")[:total] = batch.token_ids_cpu[token_rows, positions]
+        layout.view(packed, "positions")[:total] = positions
+        blocks = batch.block_table.block_table[token_rows, positions // self.block_size]
+        layout.view(packed, "slot_mapping")[:total] = blocks * self.block_size + positions % self.block_size
+        layout.view(packed, "query_start_loc")[1 : num_rows + 1] = cu
+        layout.view(packed, "query_start_loc")[num_rows + 1 :] = total
+        layout.view(packed, "seq_lens")[:num_rows] = start + num_tokens
+        layout.view(packed, "num_seqs")[0] = num_rows
+        layout.view(packed, "block_tables")[:num_rows] = batch.block_table.block_table[rows]
+        self._prepare_sampling(layout, packed, rows, cu - 1)
+        return packed
+
+    def _prepare_sampling(self, layout, packed, rows, logits_indices) -> None:
+        batch, num_rows = self.input_batch, len(rows)
+        layout.view(packed, "logits_indices")[:num_rows] = logits_indices
+        layout.view(packed, "temperature")[:num_rows] = batch.temperature[rows]
+        layout.view(packed, "top_k")[:num_rows] = batch.top_k[rows]
+        layout.view(packed, "top_p")[:] = 1.0
+        layout.view(packed, "top_p")[:num_rows] = batch.top_p[rows]
+        layout.view(packed, "seeds")[:num_rows] = batch.seeds[rows]
+        num_outputs = batch.num_tokens[rows] - batch.num_prompt_tokens[rows]
+        layout.view(packed, "sample_positions")[:num_rows] = num_outputs
+
+    def _update_from_sampled(self, rows, num_tokens, sampled) -> ModelRunnerOutput:
+        """Appends each row's token when its step reached the end of its known tokens."""
+        batch = self.input_batch
+        req_ids, sampled_token_ids = [], []
+        for i, row in enumerate(rows.tolist()):
+            req_id = batch.req_ids[row]
+            state = self.requests[req_id]
+            req_ids.append(req_id)
+            if batch.num_computed_tokens[row] + num_tokens[i] < batch.num_tokens[row]:
+                sampled_token_ids.append([])
+                continue
+            token = int(sampled[i])
+            state.output_token_ids.append(token)
+            batch.append_token(row, token)
+            sampled_token_ids.append([token])
+        index = {req_id: i for i, req_id in enumerate(req_ids)}
+        return ModelRunnerOutput(req_ids, index, sampled_token_ids)

@@ -1,0 +1,139 @@
+"""The jitted model step, its packed input layout, and the bucket set it is compiled for.
+
+One step is `(param_leaves, kv_caches, packed) -> (kv_caches, sampled)`: every int32 input of
+the step travels in ONE packed buffer (floats bit-cast into it), sliced on the device at
+static offsets; `kv_caches` is donated, so the cache is updated in place.
+
+Legend: T tokens (the bucket), R attention rows (`max_num_seqs`), Rs sampled rows
+(`min(T, max_num_seqs)`), W block table width, V vocab.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from vjx.attention.metadata import AttentionMetadata
+from vjx.sampling.metadata import SamplingMetadata
+from vjx.sampling.sampler import sample
+
+_MIN_TOKEN_BUCKET = 16
+
+
+def token_buckets(max_num_batched_tokens: int) -> list[int]:
+    """Powers of two from 16, closed by `max_num_batched_tokens` itself."""
+    buckets = []
+    size = _MIN_TOKEN_BUCKET
+    while size < max_num_batched_tokens:
+        buckets.append(size)
+        size *= 2
+    buckets.append(max_num_batched_tokens)
+    return buckets
+
+
+@dataclasses.dataclass(frozen=True)
+class StepLayout:
+    """Where each field of the step lives in the packed int32 buffer (all sizes static)."""
+
+    num_tokens: int  # T
+    num_reqs: int  # R
+    num_sampled: int  # Rs
+    max_num_blocks_per_req: int  # W
+
+    @functools.cached_property
+    def fields(self) -> dict[str, tuple[int, int]]:
+        t, r, rs = self.num_tokens, self.num_reqs, self.num_sampled
+        sizes = {
+            "input_ids": t,
+            "positions": t,
+            "slot_mapping": t,
+            "query_start_loc": r + 1,
+            "seq_lens": r,
+            "num_seqs": 1,
+            "logits_indices": rs,
+            "temperature": rs,
+            "top_k": rs,
+            "top_p": rs,
+            "seeds": rs,
+            "sample_positions": rs,
+            "block_tables": r * self.max_num_blocks_per_req,
+        }
+        offsets, start = {}, 0
+        for name, size in sizes.items():
+            offsets[name] = (start, start + size)
+            start += size
+        return offsets
+
+    @property
+    def size(self) -> int:
+        return self.fields["block_tables"][1]
+
+    def view(self, packed: np.ndarray, name: str) -> np.ndarray:
+        """The host buffer's slice for `name` (float fields viewed as float32)."""
+        start, end = self.fields[name]
+        part = packed[start:end]
+        if name in ("temperature", "top_p"):
+            return part.view(np.float32)
+        if name == "block_tables":
+            return part.reshape(self.num_reqs, self.max_num_blocks_per_req)
+        return part
+
+    def unpack(self, packed: jax.Array) -> tuple[jax.Array, jax.Array, AttentionMetadata, jax.Array, SamplingMetadata]:
+        """Device-side slices: input_ids, positions, attention and sampling metadata."""
+
+        def get(name):
+            start, end = self.fields[name]
+            return packed[start:end]
+
+        def get_float(name):
+            return jax.lax.bitcast_convert_type(get(name), jnp.float32)
+
+        md = AttentionMetadata(
+            slot_mapping=get("slot_mapping"),
+            query_start_loc=get("query_start_loc"),
+            seq_lens=get("seq_lens"),
+            block_tables=get("block_tables").reshape(self.num_reqs, self.max_num_blocks_per_req),
+            num_seqs=get("num_seqs"),
+        )
+        sampling_md = SamplingMetadata(
+            temperature=get_float("temperature"),
+            top_k=get("top_k"),
+            top_p=get_float("top_p"),
+            seeds=get("seeds"),
+            positions=get("sample_positions"),
+            all_greedy=False,
+        )
+        return get("input_ids"), get("positions"), md, get("logits_indices"), sampling_md
+
+
+def _sample(logits, md: SamplingMetadata):
+    """Skips the top-k/top-p search at run time when every row is greedy (no extra variant)."""
+    greedy_md = dataclasses.replace(md, all_greedy=True)
+    return jax.lax.cond(
+        jnp.all(md.temperature == 0.0),
+        lambda: sample(logits, greedy_md),
+        lambda: sample(logits, md),
+    )
+
+
+def model_step(layout: StepLayout, graphdef, treedef, param_leaves, kv_caches, packed):
+    """Forward the step's tokens, write their KV, and sample one token per row."""
+    input_ids, positions, md, logits_indices, sampling_md = layout.unpack(packed)
+    model = nnx.merge(graphdef, jax.tree.unflatten(treedef, param_leaves))
+    hidden, kv_caches = model(input_ids, positions, kv_caches, md)
+    logits = model.compute_logits(hidden[logits_indices])
+    return kv_caches, _sample(logits, sampling_md)
+
+
+def compile_step(layout: StepLayout, graphdef, treedef, param_leaves, kv_caches):
+    """AOT-compiles the step for one layout; the result is called with real arrays."""
+    fn = jax.jit(functools.partial(model_step, layout, graphdef, treedef), donate_argnums=(1,))
+    structs = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+        (param_leaves, kv_caches),
+    )
+    packed = jax.ShapeDtypeStruct((layout.size,), jnp.int32)
+    return fn.lower(*structs, packed).compile()

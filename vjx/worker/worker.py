@@ -1,0 +1,92 @@
+"""Worker: owns the params, the KV cache and the model runner of one local device set."""
+
+import logging
+import time
+
+import jax
+import jax.numpy as jnp
+
+from vjx.attention.backend import get_attention_backend
+from vjx.config import VjxConfig
+from vjx.core.sched.output import SchedulerOutput
+from vjx.models.loader import get_model
+from vjx.models.registry import get_kv_cache_spec
+from vjx.outputs import ModelRunnerOutput
+from vjx.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+# Hosts without device memory statistics (the CPU backend) get a fixed KV cache budget,
+# like vLLM's CPU backend.
+_HOST_KV_CACHE_BYTES = 4 << 30
+
+
+class Worker:
+    """Loads the model, sizes and allocates the paged KV cache, and runs steps."""
+
+    def __init__(self, config: VjxConfig):
+        self.config = config
+        self.backend = get_attention_backend(config.attention_backend)
+        start = time.perf_counter()
+        self.model = get_model(config.model_config, self.backend)
+        self.load_time = time.perf_counter() - start
+        logger.info("loaded %s in %.1f s", config.model_config.model, self.load_time)
+        self.kv_cache_spec = get_kv_cache_spec(config.model_config.hf_config)
+        self.model_runner: ModelRunner | None = None
+
+    @property
+    def _kv_dtype(self):
+        return jnp.dtype(self.config.model_config.dtype)
+
+    def _kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
+        spec = self.kv_cache_spec
+        return self.backend.kv_cache_shape(
+            num_blocks, self.config.cache_config.block_size, spec.num_kv_heads, spec.head_dim
+        )
+
+    def get_kv_block_bytes(self) -> int:
+        """Bytes one KV block takes over all layers."""
+        per_layer = self._kv_dtype.itemsize
+        for dim in self._kv_cache_shape(1):
+            per_layer *= dim
+        return per_layer * self.kv_cache_spec.num_layers
+
+    def determine_num_available_blocks(self) -> int:
+        """KV blocks that fit the memory left after weights and activations."""
+        cache_config = self.config.cache_config
+        if cache_config.num_gpu_blocks_override is not None:
+            return cache_config.num_gpu_blocks_override
+        stats = jax.devices()[0].memory_stats()
+        if stats is None:
+            budget = _HOST_KV_CACHE_BYTES
+        else:
+            budget = stats["bytes_limit"] * cache_config.gpu_memory_utilization
+            budget -= stats["bytes_in_use"] + self._activation_bytes()
+        num_blocks = int(budget // self.get_kv_block_bytes())
+        if num_blocks < 2:
+            raise ValueError(
+                "no memory is left for the KV cache: raise gpu_memory_utilization "
+                f"(now {cache_config.gpu_memory_utilization}) or lower max_num_batched_tokens."
+            )
+        return num_blocks
+
+    def _activation_bytes(self) -> int:
+        """Scratch memory of the largest step, from XLA's memory analysis of a tiny-cache compile."""
+        runner = ModelRunner(self.config, self.model, self._allocate_kv_caches(2))
+        largest = max(runner.layouts)
+        stats = runner.compile_layout(largest).memory_analysis()
+        return int(stats.temp_size_in_bytes)
+
+    def _allocate_kv_caches(self, num_blocks: int) -> list[jax.Array]:
+        shape = self._kv_cache_shape(num_blocks)
+        return [jnp.zeros(shape, self._kv_dtype) for _ in range(self.kv_cache_spec.num_layers)]
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        logger.info("KV cache: %d blocks of %d tokens", num_blocks, self.config.cache_config.block_size)
+        self.model_runner = ModelRunner(self.config, self.model, self._allocate_kv_caches(num_blocks))
+
+    def compile_or_warm_up_model(self) -> float:
+        return self.model_runner.compile_or_warm_up_model()
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self.model_runner.execute_model(scheduler_output)
