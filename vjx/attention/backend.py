@@ -1,12 +1,13 @@
 """The attention backend interface and the registry that picks one by name or platform."""
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from jaxtyping import Array, Float
 
 from vjx.attention.metadata import AttentionMetadata
 
 
+@runtime_checkable
 class AttentionBackend(Protocol):
     """Writes a step's K/V into the paged cache and attends every query token.
 

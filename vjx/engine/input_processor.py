@@ -1,0 +1,116 @@
+"""Turns a user's prompt and sampling parameters into a validated `EngineCoreRequest`.
+
+The front-end half before EngineCore: everything that can be wrong with a request is found
+here, as a `ValueError` naming the argument, so EngineCore only ever sees valid requests.
+"""
+
+import dataclasses
+import operator
+import time
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from vjx.config import ModelConfig
+from vjx.engine.messages import EngineCoreRequest
+from vjx.sampling_params import SamplingParams
+
+PromptType = str | dict[str, Any]
+"""A text, `{"prompt": text}`, or `{"prompt_token_ids": [ids]}`."""
+
+
+class InputProcessor:
+    """Tokenizes and validates requests for one model."""
+
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        tokenizer: PreTrainedTokenizerBase,
+        eos_token_id: int | None = None,
+    ):
+        """`eos_token_id` overrides the tokenizer's (e.g. from the model's generation config)."""
+        self.model_config = model_config
+        self.tokenizer = tokenizer
+        self.eos_token_id = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
+        self.vocab_size = len(tokenizer)
+
+    def process_inputs(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        arrival_time: float | None = None,
+        priority: int = 0,
+    ) -> tuple[EngineCoreRequest, str | None]:
+        """Returns the request for EngineCore and the prompt's text (None for token prompts).
+
+        The request owns a copy of `params` (with `max_tokens` filled in when it is None),
+        so the caller may reuse or change theirs.
+        """
+        prompt_text, prompt_token_ids = self._tokenize(prompt)
+        self._validate_prompt(prompt_token_ids)
+        params = self._validate_params(params, len(prompt_token_ids))
+        request = EngineCoreRequest(
+            request_id=request_id,
+            prompt_token_ids=prompt_token_ids,
+            sampling_params=params,
+            eos_token_id=self.eos_token_id,
+            arrival_time=time.time() if arrival_time is None else arrival_time,
+            priority=priority,
+        )
+        return request, prompt_text
+
+    def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        """The prompt's text (None for token prompts) and its token ids."""
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, dict) and len(prompt) == 1 and "prompt" in prompt:
+            return self._tokenize(prompt["prompt"])
+        if isinstance(prompt, dict) and len(prompt) == 1 and "prompt_token_ids" in prompt:
+            try:
+                return None, [operator.index(token_id) for token_id in prompt["prompt_token_ids"]]
+            except TypeError:
+                raise ValueError(
+                    f"prompt_token_ids must be a list of ints, got {prompt['prompt_token_ids']!r}."
+                ) from None
+        raise ValueError(
+            'prompt must be a str, {"prompt": str} or {"prompt_token_ids": list[int]}, '
+            f"got {prompt!r}."
+        )
+
+    def _validate_prompt(self, prompt_token_ids: list[int]) -> None:
+        if not prompt_token_ids:
+            raise ValueError("prompt cannot be empty: it must have at least 1 token.")
+        bad_ids = [t for t in prompt_token_ids if not 0 <= t < self.vocab_size]
+        if bad_ids:
+            raise ValueError(
+                f"prompt_token_ids contains token id {bad_ids[0]}, out of the vocabulary "
+                f"range [0, {self.vocab_size})."
+            )
+        max_model_len = self.model_config.max_model_len
+        if len(prompt_token_ids) >= max_model_len:
+            raise ValueError(
+                f"prompt ({len(prompt_token_ids)} tokens) is longer than max_model_len={max_model_len} "
+                f"allows: it must have at most {max_model_len - 1} tokens, to leave room for "
+                "at least 1 output token."
+            )
+
+    def _validate_params(self, params: SamplingParams, num_prompt_tokens: int) -> SamplingParams:
+        """A copy of `params`, checked against the vocabulary and with `max_tokens` set."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}.")
+        bad_ids = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
+        if bad_ids:
+            raise ValueError(
+                f"stop_token_ids contains token id {bad_ids[0]}, out of the vocabulary "
+                f"range [0, {self.vocab_size})."
+            )
+        max_tokens = params.max_tokens
+        if max_tokens is None:
+            max_tokens = self.model_config.max_model_len - num_prompt_tokens
+        return dataclasses.replace(
+            params,
+            stop=list(params.stop),
+            stop_token_ids=list(params.stop_token_ids),
+            max_tokens=max_tokens,
+        )
