@@ -18,11 +18,12 @@ PROMPTS = [
     "List three colors:",
     "In 1492, Christopher Columbus",
     "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog. "
-    "Repeat this sentence once more:",
+    "The quick brown fox jumps over the lazy dog. Repeat this sentence once more:",
     "Water boils at",
     "Translate to French: Good morning, how are you today?",
     "Once upon a time, in a small village at the edge of a great forest, there lived an old "
-    "woodcutter and his three children. One day,",
+    "woodcutter and his three children. Every morning the woodcutter walked into the forest "
+    "with his axe, and every evening he came home tired but happy. One day,",
     "1, 2, 3, 4, 5,",
     "The largest planet in the solar system is",
     "Explain photosynthesis in one sentence.",

@@ -1,7 +1,7 @@
 """The attention metadata of one step: a pytree of padded int32 device arrays.
 
-Legend: T tokens in the padded batch, R request rows (fixed at `max_num_seqs`), W block
-table width (`ceil(max_model_len / block_size)`).
+Legend: T tokens in the padded batch, R request rows (fixed at `max_num_seqs`), R1 = R + 1,
+W block table width (`ceil(max_model_len / block_size)`).
 Rows are ordered as the runner orders them; padding rows have `seq_len = 0` and an empty
 query range; padding tokens (past `query_start_loc[num_seqs]`) write their KV to block 0,
 the scratch block that is never handed to a request.
@@ -18,7 +18,7 @@ from jaxtyping import Array, Int
 class AttentionMetadata:
     slot_mapping: Int[Array, "T"]
     """Flat cache slot (block_id * block_size + offset) each token's K/V is written to."""
-    query_start_loc: Int[Array, "R+1"]
+    query_start_loc: Int[Array, "R1"]
     """Row r's query tokens are [query_start_loc[r], query_start_loc[r + 1])."""
     seq_lens: Int[Array, "R"]
     """Keys of row r after this step: cached tokens + this step's tokens."""

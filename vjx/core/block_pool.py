@@ -1,0 +1,129 @@
+"""The pool of KV cache blocks: ref counts, the LRU free queue and the prefix-cache index."""
+
+from collections.abc import Iterable, Sequence
+
+from vjx.core.kv_cache_utils import BlockHash, FreeKVCacheBlockQueue, KVCacheBlock, PrefixCacheStats
+
+
+class BlockPool:
+    """Every KV block of the device cache, by id; plain Python, no device.
+
+    Block 0 is the null (scratch) block: the runner writes padding tokens' K/V there, so it
+    is never in the free queue and never handed out. Blocks 1..N-1 start free, in id order.
+
+    A full block of a request is entered in the prefix cache under its chained hash and stays
+    there after the request frees it: a later request with the same prefix takes it back out
+    of the free queue (`touch`). Its hash is dropped only when the free queue hands the block
+    out for reuse, so the cache always holds the most recently freed prefixes.
+    """
+
+    def __init__(self, num_gpu_blocks: int, enable_caching: bool) -> None:
+        if num_gpu_blocks < 2:
+            raise ValueError(
+                f"num_gpu_blocks must be at least 2 (block 0 is the reserved null block), "
+                f"got {num_gpu_blocks}."
+            )
+        self.num_gpu_blocks = num_gpu_blocks
+        self.enable_caching = enable_caching
+        self.blocks = [KVCacheBlock(block_id=i) for i in range(num_gpu_blocks)]
+        self.null_block = self.blocks[0]
+        self.null_block.is_null = True
+        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks[1:])
+        self.cached_block_hash_to_block: dict[BlockHash, dict[int, KVCacheBlock]] = {}
+        """Hash -> the cached blocks holding it, by id. Two requests that computed the same
+        prefix in the same step each cache their own copy, so one hash may name several."""
+        self.prefix_cache_stats = PrefixCacheStats()
+
+    def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
+        blocks = self.cached_block_hash_to_block.get(block_hash)
+        return next(iter(blocks.values())) if blocks else None
+
+    def cache_full_blocks(
+        self,
+        blocks: Sequence[KVCacheBlock],
+        block_hashes: Sequence[BlockHash],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+    ) -> None:
+        """Enter `blocks[num_cached_blocks:num_full_blocks]` under the same slice of hashes.
+
+        `blocks` and `block_hashes` are one request's, from its first block; the first
+        `num_cached_blocks` are in the cache already.
+        """
+        if len(block_hashes) < num_full_blocks:
+            raise ValueError(
+                f"cache_full_blocks: num_full_blocks={num_full_blocks} exceeds the "
+                f"{len(block_hashes)} block hashes given."
+            )
+        for i in range(num_cached_blocks, num_full_blocks):
+            block, block_hash = blocks[i], block_hashes[i]
+            if block.block_hash is not None:
+                raise ValueError(f"cache_full_blocks: block {block.block_id} is already cached.")
+            block.block_hash = block_hash
+            self.cached_block_hash_to_block.setdefault(block_hash, {})[block.block_id] = block
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Pop `num_blocks` from the head of the free queue, each with ref_cnt 1."""
+        if num_blocks > self.get_num_free_blocks():
+            raise ValueError(
+                f"get_new_blocks: num_blocks={num_blocks} exceeds the "
+                f"{self.get_num_free_blocks()} free blocks."
+            )
+        blocks = self.free_block_queue.popleft_n(num_blocks)
+        for block in blocks:
+            self._maybe_evict_cached_block(block)
+            block.ref_cnt = 1
+        return blocks
+
+    def _maybe_evict_cached_block(self, block: KVCacheBlock) -> None:
+        if block.block_hash is None:
+            return
+        same_hash = self.cached_block_hash_to_block[block.block_hash]
+        del same_hash[block.block_id]
+        if not same_hash:
+            del self.cached_block_hash_to_block[block.block_hash]
+        block.block_hash = None
+
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Take a reference to cache-hit blocks, pulling the unused ones out of the free queue."""
+        for block in blocks:
+            if block.ref_cnt == 0 and not block.is_null:
+                self.free_block_queue.remove(block)
+            block.ref_cnt += 1
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop one reference to each block; unused ones join the free queue tail in order.
+
+        Callers pass a request's blocks last first, so its tail blocks (the prefixes least
+        likely to be shared) are evicted before its head blocks.
+        """
+        for block in ordered_blocks:
+            if block.ref_cnt < 1:
+                raise ValueError(f"free_blocks: block {block.block_id} is not in use.")
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0 and not block.is_null:
+                self.free_block_queue.append(block)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash; refused (False) while any request holds a block."""
+        num_used_blocks = self.num_gpu_blocks - 1 - self.get_num_free_blocks()
+        if num_used_blocks > 0:
+            return False
+        self.cached_block_hash_to_block = {}
+        for block in self.blocks:
+            block.block_hash = None
+        self.prefix_cache_stats.num_resets += 1
+        return True
+
+    def record_prefix_cache_lookup(self, num_queried_tokens: int, num_hit_tokens: int) -> None:
+        stats = self.prefix_cache_stats
+        stats.num_requests += 1
+        stats.num_queried_tokens += num_queried_tokens
+        stats.num_hit_tokens += num_hit_tokens
+
+    def get_num_free_blocks(self) -> int:
+        return self.free_block_queue.num_free_blocks
+
+    def get_usage(self) -> float:
+        """Fraction of the usable blocks (all but the null block) that requests hold."""
+        return 1.0 - self.get_num_free_blocks() / (self.num_gpu_blocks - 1)

@@ -1,0 +1,359 @@
+"""The scheduler: which requests run each step, and how many tokens each computes."""
+
+import dataclasses
+from collections.abc import Iterable
+
+from vjx.config import CacheConfig, SchedulerConfig
+from vjx.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
+from vjx.core.request import Request, RequestStatus
+from vjx.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+from vjx.core.sched.request_queue import SchedulingPolicy, create_request_queue
+from vjx.engine.messages import EngineCoreOutput, EngineCoreOutputs
+from vjx.outputs import ModelRunnerOutput
+
+
+def check_stop(request: Request, max_model_len: int) -> bool:
+    """Finish the request if its last token ends it (stop strings are the front end's job).
+
+    EOS and stop tokens count only once `min_tokens` are out, and are checked before the
+    length limits, so an EOS that is also the last allowed token reports "stop".
+    """
+    params = request.sampling_params
+    last_token_id = request.output_token_ids[-1]
+    if request.num_output_tokens >= params.min_tokens:
+        if not params.ignore_eos and last_token_id == request.eos_token_id:
+            request.status = RequestStatus.FINISHED_STOPPED
+            return True
+        if last_token_id in params.stop_token_ids:
+            request.status = RequestStatus.FINISHED_STOPPED
+            request.stop_reason = last_token_id
+            return True
+    max_tokens = request.max_tokens
+    if request.num_tokens >= max_model_len or (
+        max_tokens is not None and request.num_output_tokens >= max_tokens
+    ):
+        request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        return True
+    return False
+
+
+def _verify_config(
+    scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_gpu_blocks: int
+) -> None:
+    """Refuse settings under which some valid request could wait forever."""
+    max_model_len = scheduler_config.max_model_len
+    max_num_batched_tokens = scheduler_config.max_num_batched_tokens
+    if not scheduler_config.enable_chunked_prefill and max_num_batched_tokens < max_model_len:
+        raise ValueError(
+            f"max_num_batched_tokens={max_num_batched_tokens} must be at least "
+            f"max_model_len={max_model_len} when chunked prefill is off, or a long prompt "
+            "could never be scheduled."
+        )
+    num_token_slots = (num_gpu_blocks - 1) * cache_config.block_size
+    if num_token_slots < max_model_len:
+        raise ValueError(
+            f"num_gpu_blocks={num_gpu_blocks} holds {num_token_slots} tokens (block 0 is "
+            f"reserved), fewer than max_model_len={max_model_len}: a request that long "
+            "could never run."
+        )
+
+
+@dataclasses.dataclass
+class _StepPlan:
+    """What one `schedule()` call has decided so far."""
+
+    token_budget: int
+    num_scheduled_tokens: dict[str, int] = dataclasses.field(default_factory=dict)
+    new_blocks: dict[str, KVCacheBlocks] = dataclasses.field(default_factory=dict)
+    scheduled_running_reqs: list[Request] = dataclasses.field(default_factory=list)
+    scheduled_new_reqs: list[Request] = dataclasses.field(default_factory=list)
+    scheduled_resumed_reqs: list[Request] = dataclasses.field(default_factory=list)
+    preempted_reqs: list[Request] = dataclasses.field(default_factory=list)
+
+    def schedule(self, request: Request, num_new_tokens: int, new_blocks: KVCacheBlocks) -> None:
+        self.num_scheduled_tokens[request.request_id] = num_new_tokens
+        self.new_blocks[request.request_id] = new_blocks
+        self.token_budget -= num_new_tokens
+
+    def unschedule_running(self, request: Request) -> None:
+        self.token_budget += self.num_scheduled_tokens.pop(request.request_id)
+        del self.new_blocks[request.request_id]
+        self.scheduled_running_reqs.remove(request)
+
+
+class Scheduler:
+    """Spends one token budget per step over running requests, then waiting ones.
+
+    There are no prefill or decode phases: every request advances `num_computed_tokens`
+    toward `num_tokens`, and that one rule covers prompts (whole or in chunks), prefix-cache
+    hits and decoding. When the pool runs out of blocks, the lowest-priority running request
+    is preempted: its blocks are freed and it is recomputed later from its tokens.
+    """
+
+    def __init__(
+        self,
+        scheduler_config: SchedulerConfig,
+        cache_config: CacheConfig,
+        num_gpu_blocks: int,
+        policy: SchedulingPolicy | str = SchedulingPolicy.FCFS,
+    ) -> None:
+        _verify_config(scheduler_config, cache_config, num_gpu_blocks)
+        max_model_len = scheduler_config.max_model_len
+        self.scheduler_config = scheduler_config
+        self.cache_config = cache_config
+        self.max_num_running_reqs = scheduler_config.max_num_seqs
+        self.max_num_scheduled_tokens = scheduler_config.max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.waiting = create_request_queue(policy)
+        self.policy = SchedulingPolicy(policy)
+        self.kv_cache_manager = KVCacheManager(
+            block_size=cache_config.block_size,
+            num_gpu_blocks=num_gpu_blocks,
+            max_model_len=max_model_len,
+            enable_caching=cache_config.enable_prefix_caching,
+        )
+        self.requests: dict[str, Request] = {}
+        self.running: list[Request] = []
+        self.finished_req_ids: set[str] = set()
+        """Finished or aborted since the last `schedule()`: the runner must drop them."""
+        self._finished_req_ids_to_report: set[str] = set()
+        """Finished or aborted since the last `update_from_output()`."""
+        self.num_preemptions = 0
+        """Preemptions since start, for metrics."""
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in the scheduler.")
+        if not 1 <= request.num_prompt_tokens <= self.max_model_len:
+            raise ValueError(
+                f"the prompt of request {request.request_id!r} has {request.num_prompt_tokens} "
+                f"tokens; it must have 1 to max_model_len={self.max_model_len}."
+            )
+        self.waiting.add_request(request)
+        self.requests[request.request_id] = request
+
+    def schedule(self) -> SchedulerOutput:
+        plan = _StepPlan(token_budget=self.max_num_scheduled_tokens)
+        self._schedule_running(plan)
+        # A step that had to preempt is short of blocks: admitting more would thrash.
+        if not plan.preempted_reqs:
+            self._schedule_waiting(plan)
+        scheduler_output = self._make_scheduler_output(plan)
+        self._update_after_schedule(scheduler_output)
+        return scheduler_output
+
+    def _schedule_running(self, plan: _StepPlan) -> None:
+        req_index = 0
+        while req_index < len(self.running) and plan.token_budget > 0:
+            request = self.running[req_index]
+            # Positions stay below max_model_len; a request reaching it is finished anyway.
+            num_new_tokens = min(
+                request.num_tokens - request.num_computed_tokens,
+                plan.token_budget,
+                self.max_model_len - request.num_computed_tokens,
+            )
+            if num_new_tokens <= 0:
+                # Its last token is not back from the runner: nothing to compute yet.
+                req_index += 1
+                continue
+            new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
+            while new_blocks is None:
+                victim_index = self._preemption_victim_index()
+                victim = self.running.pop(victim_index)
+                self._preempt(victim, plan)
+                if victim is request:
+                    return
+                if victim_index < req_index:
+                    req_index -= 1
+                new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
+            plan.schedule(request, num_new_tokens, new_blocks)
+            plan.scheduled_running_reqs.append(request)
+            req_index += 1
+
+    def _preemption_victim_index(self) -> int:
+        """The most recently admitted request, or under PRIORITY the max (priority, arrival)."""
+        if self.policy is SchedulingPolicy.FCFS:
+            return len(self.running) - 1
+        return max(
+            range(len(self.running)),
+            key=lambda i: (self.running[i].priority, self.running[i].arrival_time, i),
+        )
+
+    def _preempt(self, request: Request, plan: _StepPlan) -> None:
+        """Free the request's blocks and send it to the front of the queue, to be recomputed."""
+        if request.request_id in plan.num_scheduled_tokens:
+            plan.unschedule_running(request)
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.prepend_request(request)
+        plan.preempted_reqs.append(request)
+
+    def _schedule_waiting(self, plan: _StepPlan) -> None:
+        while self.waiting and plan.token_budget > 0:
+            if len(self.running) == self.max_num_running_reqs:
+                break
+            request = self.waiting.peek_request()
+            manager = self.kv_cache_manager
+            computed_blocks, num_computed_tokens = manager.get_computed_blocks(request)
+            num_new_tokens = request.num_tokens - num_computed_tokens
+            if num_new_tokens > plan.token_budget:
+                if not self.scheduler_config.enable_chunked_prefill:
+                    break
+                num_new_tokens = plan.token_budget
+            new_blocks = manager.allocate_slots(
+                request, num_new_tokens, num_computed_tokens, computed_blocks
+            )
+            if new_blocks is None:
+                break
+            self.waiting.pop_request()
+            self.running.append(request)
+            if request.status is RequestStatus.PREEMPTED:
+                plan.scheduled_resumed_reqs.append(request)
+            else:
+                plan.scheduled_new_reqs.append(request)
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_computed_tokens
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_computed_tokens
+            plan.schedule(request, num_new_tokens, new_blocks)
+
+    def _make_scheduler_output(self, plan: _StepPlan) -> SchedulerOutput:
+        """The step as a diff; token counts are taken before this step's tokens are added.
+
+        New requests carry all their block ids. A running request carries only the blocks
+        added this step (None when there are none); a resumed one carries all its blocks,
+        which replace the ones it held before preemption.
+        """
+        manager = self.kv_cache_manager
+        new_reqs_data = [
+            NewRequestData(
+                req_id=request.request_id,
+                prompt_token_ids=request.prompt_token_ids,
+                sampling_params=request.sampling_params,
+                block_ids=manager.get_block_ids(request.request_id),
+                num_computed_tokens=request.num_computed_tokens,
+            )
+            for request in plan.scheduled_new_reqs
+        ]
+        cached_reqs_data = CachedRequestData()
+        rows = [(r, False) for r in plan.scheduled_running_reqs]
+        rows += [(r, True) for r in plan.scheduled_resumed_reqs]
+        for request, is_resumed in rows:
+            if is_resumed:
+                block_ids = manager.get_block_ids(request.request_id)
+            else:
+                block_ids = plan.new_blocks[request.request_id].get_block_ids()
+            cached_reqs_data.req_ids.append(request.request_id)
+            cached_reqs_data.resumed_from_preemption.append(is_resumed)
+            cached_reqs_data.new_block_ids.append(block_ids if any(block_ids) else None)
+            cached_reqs_data.num_computed_tokens.append(request.num_computed_tokens)
+        num_common_prefix_blocks = (0,)
+        if self.running:
+            num_common_prefix_blocks = manager.get_num_common_prefix_blocks(
+                self.running[0].request_id, len(self.running)
+            )
+        return SchedulerOutput(
+            scheduled_new_reqs=new_reqs_data,
+            scheduled_cached_reqs=cached_reqs_data,
+            num_scheduled_tokens=plan.num_scheduled_tokens,
+            total_num_scheduled_tokens=sum(plan.num_scheduled_tokens.values()),
+            finished_req_ids=self.finished_req_ids,
+            num_common_prefix_blocks=num_common_prefix_blocks,
+        )
+
+    def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
+        # Advancing now lets the next step be scheduled before this one's tokens are back.
+        for req_id, num_scheduled_tokens in scheduler_output.num_scheduled_tokens.items():
+            self.requests[req_id].num_computed_tokens += num_scheduled_tokens
+        self.finished_req_ids = set()
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+    ) -> EngineCoreOutputs:
+        """Append the sampled tokens, finish requests that stop, and report what changed.
+
+        A request in a partial prefill samples nothing and gets no output this step.
+        """
+        outputs = []
+        stopped_req_ids = set()
+        for req_id in scheduler_output.num_scheduled_tokens:
+            request = self.requests.get(req_id)
+            if request is None:
+                continue  # aborted after it was scheduled
+            row = model_runner_output.req_id_to_index[req_id]
+            sampled_token_ids = model_runner_output.sampled_token_ids[row]
+            new_token_ids = self._append_output_token_ids(request, sampled_token_ids)
+            if not new_token_ids:
+                continue
+            if request.is_finished():
+                stopped_req_ids.add(req_id)
+                self._free_request(request)
+            outputs.append(
+                EngineCoreOutput(
+                    request_id=req_id,
+                    new_token_ids=new_token_ids,
+                    finish_reason=request.get_finished_reason(),
+                    stop_reason=request.stop_reason,
+                    num_cached_tokens=request.num_cached_tokens,
+                )
+            )
+        if stopped_req_ids:
+            self.running = [r for r in self.running if r.request_id not in stopped_req_ids]
+        finished_requests = self._finished_req_ids_to_report
+        self._finished_req_ids_to_report = set()
+        return EngineCoreOutputs(outputs=outputs, finished_requests=finished_requests)
+
+    def _append_output_token_ids(self, request: Request, sampled_token_ids: list[int]) -> list[int]:
+        """Append tokens one by one up to the first that stops the request; return those kept."""
+        for num_kept, token_id in enumerate(sampled_token_ids, start=1):
+            request.append_output_token_ids(token_id)
+            if check_stop(request, self.max_model_len):
+                return sampled_token_ids[:num_kept]
+        return list(sampled_token_ids)
+
+    def finish_requests(
+        self, request_ids: str | Iterable[str], finished_status: RequestStatus
+    ) -> None:
+        """Finish requests from outside (aborts): their blocks are freed at once.
+
+        Unknown or already finished ids are ignored: a request may finish on its own while
+        its abort is on the way.
+        """
+        if not RequestStatus.is_finished(finished_status):
+            raise ValueError(f"finished_status must be a finished status, got {finished_status}.")
+        if isinstance(request_ids, str):
+            request_ids = (request_ids,)
+        requests = [self.requests[r] for r in dict.fromkeys(request_ids) if r in self.requests]
+        running_ids = {r.request_id for r in requests if r.status is RequestStatus.RUNNING}
+        if running_ids:
+            self.running = [r for r in self.running if r.request_id not in running_ids]
+        self.waiting.remove_requests(r for r in requests if r.request_id not in running_ids)
+        for request in requests:
+            request.status = finished_status
+            self._free_request(request)
+
+    def _free_request(self, request: Request) -> None:
+        self.kv_cache_manager.free(request)
+        self.finished_req_ids.add(request.request_id)
+        self._finished_req_ids_to_report.add(request.request_id)
+        del self.requests[request.request_id]
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.get_num_unfinished_requests() > 0
+
+    def has_finished_requests(self) -> bool:
+        """Whether the runner still has to hear of finished requests (a step tells it)."""
+        return len(self.finished_req_ids) > 0
+
+    def get_request_counts(self) -> tuple[int, int]:
+        """(running, waiting) request counts, for metrics."""
+        return len(self.running), len(self.waiting)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.kv_cache_manager.reset_prefix_cache()
