@@ -1,0 +1,197 @@
+"""The pure-jnp paged attention backend: the CPU default and every kernel's oracle.
+
+Legend: T tokens, R request rows, N query heads, K kv heads, G query heads per kv head
+(N = K * G), H head dim, P pages (blocks), S page size, W block-table width, L keys of one
+chunk (C pages * S).
+
+The cache of one layer is one array `[2, P, S, K, H]`: index 0 holds keys, 1 values; flat
+slot `block_id * S + offset` addresses one token's row.
+
+Attention walks each token's own block-table row in chunks of C pages with an online
+softmax, so memory stays `T x L x K x H` per chunk instead of `T x max_model_len`, and the
+loop runs only as many chunks as the longest real sequence of the step needs.
+"""
+
+import dataclasses
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+from vjx.attention.metadata import AttentionMetadata
+
+# Finite, so a fully masked chunk gives exp(0) * 0 instead of inf - inf = NaN.
+_MASK_VALUE = -1e30
+
+
+@dataclasses.dataclass(frozen=True)
+class _TokenRows:
+    """Each token's row, its position in that row, and whether it is a real token."""
+
+    row: Int[Array, "T"]
+    position: Int[Array, "T"]
+    """Index of the token's own key in its row's sequence (end-aligned causal)."""
+    is_valid: Bool[Array, "T"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Scoring:
+    """How raw q.k products become logits and which keys each query may see."""
+
+    sm_scale: float
+    sliding_window: int | None
+    soft_cap: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferenceBackend:
+    """Pure-jnp ragged paged attention; hashable, so a module can hold it as a static field."""
+
+    name: ClassVar[str] = "reference"
+    keys_per_chunk: int = 128
+    """Keys (pages * page size) gathered per token in one step of the softmax loop."""
+
+    def kv_cache_shape(
+        self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
+    ) -> tuple[int, ...]:
+        return (2, num_blocks, block_size, num_kv_heads, head_dim)
+
+    def forward(
+        self,
+        q: Float[Array, "T N H"],
+        k: Float[Array, "T K H"],
+        v: Float[Array, "T K H"],
+        kv_cache: Float[Array, "2 P S K H"],
+        md: AttentionMetadata,
+        *,
+        sm_scale: float,
+        sliding_window: int | None = None,
+        soft_cap: float | None = None,
+    ) -> tuple[Float[Array, "T N H"], Float[Array, "2 P S K H"]]:
+        """Writes k/v at `md.slot_mapping`, then attends every token to its row's keys."""
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}.")
+        if soft_cap is not None and soft_cap <= 0:
+            raise ValueError(f"soft_cap must be > 0 or None, got {soft_cap}.")
+        kv_cache = write_kv(kv_cache, k, v, md.slot_mapping)
+        scoring = _Scoring(sm_scale, sliding_window, soft_cap)
+        out = self._attend(q, kv_cache, md, scoring)
+        return out, kv_cache
+
+    def _attend(
+        self,
+        q: Float[Array, "T N H"],
+        kv_cache: Float[Array, "2 P S K H"],
+        md: AttentionMetadata,
+        scoring: _Scoring,
+    ) -> Float[Array, "T N H"]:
+        num_tokens, num_heads, head_dim = q.shape
+        _, _, block_size, num_kv_heads, _ = kv_cache.shape
+        pages_per_chunk = max(1, self.keys_per_chunk // block_size)
+        block_tables = _pad_width(md.block_tables, pages_per_chunk)
+        tokens = _token_rows(md, num_tokens)
+        q_TKGH = q.reshape(num_tokens, num_kv_heads, num_heads // num_kv_heads, head_dim)
+
+        def chunk_step(chunk, carry):
+            pages_RC = jax.lax.dynamic_slice_in_dim(
+                block_tables, chunk * pages_per_chunk, pages_per_chunk, axis=1
+            )
+            kv_2TLKH = kv_cache[:, pages_RC[tokens.row]].reshape(
+                2, num_tokens, pages_per_chunk * block_size, num_kv_heads, head_dim
+            )
+            first_key = chunk * pages_per_chunk * block_size
+            return _online_softmax_step(carry, q_TKGH, kv_2TLKH, first_key, tokens, scoring)
+
+        stats_shape = q_TKGH.shape[:-1]
+        init = (
+            jnp.full(stats_shape, _MASK_VALUE, jnp.float32),
+            jnp.zeros(stats_shape, jnp.float32),
+            jnp.zeros(q_TKGH.shape, jnp.float32),
+        )
+        max_chunks = block_tables.shape[1] // pages_per_chunk
+        num_chunks = _num_chunks(md, pages_per_chunk * block_size, max_chunks)
+        _, l_TKG, acc_TKGH = jax.lax.fori_loop(0, num_chunks, chunk_step, init)
+        # Tokens that see no key (padding) have l == 0 and get 0, not NaN.
+        safe_l = jnp.where(l_TKG > 0, l_TKG, 1.0)[..., None]
+        out_TKGH = jnp.where(l_TKG[..., None] > 0, acc_TKGH / safe_l, 0.0)
+        return out_TKGH.reshape(q.shape).astype(q.dtype)
+
+
+def write_kv(
+    kv_cache: Float[Array, "2 P S K H"],
+    k: Float[Array, "T K H"],
+    v: Float[Array, "T K H"],
+    slot_mapping: Int[Array, "T"],
+) -> Float[Array, "2 P S K H"]:
+    """Scatters each token's k/v row to its flat slot; padding tokens all land in block 0."""
+    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
+    flat = kv_cache.reshape(2, num_blocks * block_size, num_kv_heads, head_dim)
+    flat = flat.at[:, slot_mapping].set(jnp.stack([k, v]).astype(kv_cache.dtype))
+    return flat.reshape(kv_cache.shape)
+
+
+def _token_rows(md: AttentionMetadata, num_tokens: int) -> _TokenRows:
+    """Each token's row (from `query_start_loc`) and its end-aligned position in that row."""
+    starts = md.query_start_loc
+    num_rows = md.seq_lens.shape[0]
+    token = jnp.arange(num_tokens, dtype=starts.dtype)
+    row = jnp.searchsorted(starts[1:], token, side="right")
+    is_valid = token < starts[md.num_seqs[0]]
+    row = jnp.minimum(row, num_rows - 1).astype(starts.dtype)
+    query_len = starts[row + 1] - starts[row]
+    position = md.seq_lens[row] - query_len + (token - starts[row])
+    return _TokenRows(row=row, position=position, is_valid=is_valid)
+
+
+def _pad_width(block_tables: Int[Array, "R W"], multiple: int) -> Int[Array, "R W2"]:
+    """Pads the block table with block 0 to whole chunks, so no chunk slice is clamped."""
+    width = block_tables.shape[1]
+    padded = -(-width // multiple) * multiple
+    return jnp.pad(block_tables, ((0, 0), (0, padded - width)))
+
+
+def _num_chunks(md: AttentionMetadata, keys_per_chunk: int, max_chunks: int) -> Int[Array, ""]:
+    """Chunks the longest real row of the step needs (the loop's trip count)."""
+    is_real = jnp.arange(md.seq_lens.shape[0]) < md.num_seqs[0]
+    longest = jnp.max(jnp.where(is_real, md.seq_lens, 0))
+    return jnp.minimum(-(-longest // keys_per_chunk), max_chunks)
+
+
+def _online_softmax_step(
+    carry: tuple[Array, Array, Array],
+    q_TKGH: Float[Array, "T K G H"],
+    kv_2TLKH: Float[Array, "2 T L K H"],
+    first_key: Int[Array, ""],
+    tokens: _TokenRows,
+    scoring: _Scoring,
+) -> tuple[Array, Array, Array]:
+    """Folds one chunk of keys into the running max m, sum l and output acc (all float32)."""
+    m_TKG, l_TKG, acc_TKGH = carry
+    s_TKGL = jnp.einsum(
+        "tkgh,tlkh->tkgl", q_TKGH, kv_2TLKH[0], preferred_element_type=jnp.float32
+    )
+    s_TKGL = s_TKGL * scoring.sm_scale
+    if scoring.soft_cap is not None:
+        s_TKGL = scoring.soft_cap * jnp.tanh(s_TKGL / scoring.soft_cap)
+    is_visible = _visible_keys(first_key, kv_2TLKH.shape[2], tokens, scoring.sliding_window)
+    is_visible = is_visible[:, None, None, :]
+    s_TKGL = jnp.where(is_visible, s_TKGL, _MASK_VALUE)
+    m_new = jnp.maximum(m_TKG, s_TKGL.max(axis=-1))
+    p_TKGL = jnp.where(is_visible, jnp.exp(s_TKGL - m_new[..., None]), 0.0)
+    alpha = jnp.exp(m_TKG - m_new)
+    l_new = l_TKG * alpha + p_TKGL.sum(axis=-1)
+    pv_TKGH = jnp.einsum("tkgl,tlkh->tkgh", p_TKGL, kv_2TLKH[1].astype(jnp.float32))
+    return m_new, l_new, acc_TKGH * alpha[..., None] + pv_TKGH
+
+
+def _visible_keys(
+    first_key: Int[Array, ""], num_keys: int, tokens: _TokenRows, sliding_window: int | None
+) -> Bool[Array, "T L"]:
+    """Causal (end-aligned) and sliding-window visibility of one chunk's keys."""
+    key_pos = first_key + jnp.arange(num_keys)
+    query_pos = tokens.position[:, None]
+    is_visible = tokens.is_valid[:, None] & (key_pos[None, :] <= query_pos)
+    if sliding_window is not None:
+        is_visible &= key_pos[None, :] > query_pos - sliding_window
+    return is_visible

@@ -1,0 +1,41 @@
+"""Params that name their dimensions with logical axes, and the hook that loads HF tensors.
+
+Every param of a vjx model carries the logical axis names of its dimensions as the
+`out_sharding` metadata of an `nnx.Param`; vjx/sharding/rules.py maps them to mesh axes.
+Flax's eager sharding stays off for them: the names are logical, not mesh axes, and the
+loader places each param itself through the rules table.
+"""
+
+from typing import ClassVar
+
+import jax
+import numpy as np
+from flax import nnx
+
+
+def logical_param(value: jax.Array, logical_axes: tuple[str | None, ...]) -> nnx.Param:
+    """An `nnx.Param` holding `value`, one logical axis name per dimension."""
+    if len(logical_axes) != len(value.shape):
+        raise ValueError(
+            f"logical_axes must name each of the {len(value.shape)} dimensions of shape "
+            f"{tuple(value.shape)}, got {logical_axes}."
+        )
+    return nnx.Param(value, out_sharding=logical_axes, eager_sharding=False)
+
+
+def logical_axes_of(param: nnx.Variable) -> tuple[str | None, ...]:
+    """The logical axis names `logical_param` gave `param`."""
+    return tuple(param.get_metadata()["out_sharding"])
+
+
+class HFParamLayer:
+    """A layer whose params come from Hugging Face tensors of the same module path.
+
+    `HF_NAMES` maps the HF tensor's last name part to the param attribute; `to_param_layout`
+    turns the HF tensor into the param's layout (the default keeps it, up to a reshape).
+    """
+
+    HF_NAMES: ClassVar[dict[str, str]] = {}
+
+    def to_param_layout(self, attr: str, tensor: np.ndarray) -> np.ndarray:
+        return tensor.reshape(getattr(self, attr).shape)

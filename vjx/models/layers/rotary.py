@@ -1,0 +1,99 @@
+"""Rotary position embedding in Hugging Face's convention (rotate_half, HF q/k weight layout).
+
+The two halves of each head (not interleaved pairs as in llama.cpp) form the rotated
+planes: x * cos + rotate_half(x) * sin with cos/sin = [freqs, freqs]. Inverse frequencies
+are computed once on the host in float32, as HF does, so scaled variants (llama3, linear)
+match HF bit for bit before the rotation.
+"""
+
+import dataclasses
+import math
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+DEFAULT_ROPE_THETA = 10000.0
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclasses.dataclass(frozen=True)
+class RotaryEmbedding:
+    """Rotates q or k by absolute token position; hashable, so a module holds it statically."""
+
+    inv_freq: tuple[float, ...]
+    """One inverse frequency per rotated plane (head_dim / 2 of them), float32 values."""
+
+    @classmethod
+    def from_hf_config(cls, hf_config: Any, head_dim: int) -> "RotaryEmbedding":
+        params = rope_parameters(hf_config)
+        rope_type = params["rope_type"]
+        inv_freq = _default_inv_freq(float(params["rope_theta"]), head_dim)
+        if rope_type == "linear":
+            inv_freq = inv_freq / np.float32(params["factor"])
+        elif rope_type == "llama3":
+            inv_freq = _llama3_inv_freq(inv_freq, params, hf_config.max_position_embeddings)
+        elif rope_type != "default":
+            raise ValueError(
+                f"rope_type must be one of {SUPPORTED_ROPE_TYPES}, got {rope_type!r}."
+            )
+        return cls(inv_freq=tuple(float(f) for f in inv_freq.astype(np.float32)))
+
+    def __call__(
+        self, x: Float[Array, "T N H"], positions: Int[Array, "T"]
+    ) -> Float[Array, "T N H"]:
+        inv_freq = jnp.asarray(np.asarray(self.inv_freq, np.float32))
+        freqs_TF = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]
+        angles_TH = jnp.concatenate([freqs_TF, freqs_TF], axis=-1)
+        cos = jnp.cos(angles_TH).astype(x.dtype)[:, None, :]
+        sin = jnp.sin(angles_TH).astype(x.dtype)[:, None, :]
+        x1, x2 = jnp.split(x, 2, axis=-1)
+        return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
+
+
+def rope_parameters(hf_config: Any) -> dict[str, Any]:
+    """`rope_type`, `rope_theta` and scaling fields, from transformers 4.x or 5.x configs.
+
+    transformers 5 keeps everything in `rope_parameters`; 4.x has `rope_theta` and an optional
+    `rope_scaling` dict whose type key is `rope_type` or, in older files, `type`.
+    """
+    params: dict[str, Any] = {"rope_theta": getattr(hf_config, "rope_theta", DEFAULT_ROPE_THETA)}
+    for attr in ("rope_scaling", "rope_parameters"):
+        extra = getattr(hf_config, attr, None)
+        if extra:
+            params.update(extra)
+    params["rope_type"] = params.get("rope_type") or params.get("type") or "default"
+    partial_factor = params.get("partial_rotary_factor", 1.0)
+    if partial_factor != 1.0:
+        raise ValueError(f"partial_rotary_factor must be 1.0, got {partial_factor}.")
+    return params
+
+
+def _default_inv_freq(theta: float, head_dim: int) -> np.ndarray:
+    exponents = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
+    # The power is rounded once to float32 (computed in float64), as torch's float pow is.
+    powers = (np.float64(theta) ** exponents.astype(np.float64)).astype(np.float32)
+    return np.float32(1.0) / powers
+
+
+def _llama3_inv_freq(
+    inv_freq: np.ndarray, params: dict[str, Any], max_position_embeddings: int
+) -> np.ndarray:
+    """Llama 3.1's scaling: long wavelengths slowed by `factor`, short ones kept, a smooth
+    blend in between."""
+    factor = params["factor"]
+    low_freq_factor = params["low_freq_factor"]
+    high_freq_factor = params["high_freq_factor"]
+    old_context_len = params.get("original_max_position_embeddings") or max_position_embeddings
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    # scalar / array is reciprocal-then-multiply, the rounding torch's `__rtruediv__` has.
+    wavelen = np.reciprocal(inv_freq) * np.float32(2 * math.pi)
+    scaled = np.where(wavelen > low_freq_wavelen, inv_freq / np.float32(factor), inv_freq)
+    smooth = (
+        np.reciprocal(wavelen) * np.float32(old_context_len) - np.float32(low_freq_factor)
+    ) / np.float32(high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / np.float32(factor) + smooth * scaled
+    is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return np.where(is_medium, smoothed, scaled).astype(np.float32)

@@ -1,0 +1,207 @@
+"""Llama-family causal LM (Llama 2/3, SmolLM2, Mistral) as a Flax NNX module.
+
+Legend: T tokens, R rows whose logits are wanted, D hidden, N query heads, K kv heads,
+H head dim, F MLP width, V vocab.
+
+Module attribute paths follow Hugging Face's parameter names (`model.layers.0.self_attn.
+q_proj`), so the loader maps a checkpoint tensor to its param by name alone. Compute runs
+in the model dtype; norms and the attention softmax run in float32, as in HF.
+"""
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jaxtyping import Array, Float, Int
+
+from vjx.attention.backend import AttentionBackend
+from vjx.attention.metadata import AttentionMetadata
+from vjx.models.layers.linear import Embedding, Linear
+from vjx.models.layers.norm import RMSNorm
+from vjx.models.layers.rotary import RotaryEmbedding
+
+_ACTIVATIONS = {"silu": jax.nn.silu}
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaArgs:
+    """The hyperparameters the module reads from a `transformers` Llama/Mistral config."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    hidden_act: str
+    attention_bias: bool
+    mlp_bias: bool
+    tie_word_embeddings: bool
+    sliding_window: int | None
+
+    @classmethod
+    def from_hf_config(cls, hf_config: Any) -> "LlamaArgs":
+        num_heads = hf_config.num_attention_heads
+        hidden_act = getattr(hf_config, "hidden_act", "silu")
+        if hidden_act not in _ACTIVATIONS:
+            raise ValueError(
+                f"hidden_act must be one of {sorted(_ACTIVATIONS)}, got {hidden_act!r}."
+            )
+        return cls(
+            vocab_size=hf_config.vocab_size,
+            hidden_size=hf_config.hidden_size,
+            intermediate_size=hf_config.intermediate_size,
+            num_layers=hf_config.num_hidden_layers,
+            num_heads=num_heads,
+            num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or num_heads,
+            head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads,
+            rms_norm_eps=hf_config.rms_norm_eps,
+            hidden_act=hidden_act,
+            attention_bias=getattr(hf_config, "attention_bias", False),
+            mlp_bias=getattr(hf_config, "mlp_bias", False),
+            tie_word_embeddings=getattr(hf_config, "tie_word_embeddings", False),
+            sliding_window=getattr(hf_config, "sliding_window", None),
+        )
+
+
+class LlamaAttention(nnx.Module):
+    """GQA self-attention; the backend owns the KV cache layout, the write and the kernel."""
+
+    def __init__(self, args: LlamaArgs, rotary: RotaryEmbedding, *, dtype, backend, rngs):
+        D, N, K, H = args.hidden_size, args.num_heads, args.num_kv_heads, args.head_dim
+        kwargs = dict(use_bias=args.attention_bias, dtype=dtype, rngs=rngs)
+        self.q_proj = Linear("TD,DNH->TNH", (D, N, H), ("embed", "heads", "head_dim"), **kwargs)
+        self.k_proj = Linear("TD,DKH->TKH", (D, K, H), ("embed", "kv_heads", "head_dim"), **kwargs)
+        self.v_proj = Linear("TD,DKH->TKH", (D, K, H), ("embed", "kv_heads", "head_dim"), **kwargs)
+        self.o_proj = Linear("TNH,NHD->TD", (N, H, D), ("heads", "head_dim", "embed"), **kwargs)
+        self.rotary = rotary
+        self.backend = backend
+        self.sm_scale = H**-0.5
+        self.sliding_window = args.sliding_window
+
+    def __call__(
+        self,
+        x: Float[Array, "T D"],
+        positions: Int[Array, "T"],
+        kv_cache: Array,
+        md: AttentionMetadata,
+    ) -> tuple[Float[Array, "T D"], Array]:
+        q_TNH = self.rotary(self.q_proj(x), positions)
+        k_TKH = self.rotary(self.k_proj(x), positions)
+        v_TKH = self.v_proj(x)
+        out_TNH, kv_cache = self.backend.forward(
+            q_TNH, k_TKH, v_TKH, kv_cache, md,
+            sm_scale=self.sm_scale, sliding_window=self.sliding_window,
+        )
+        return self.o_proj(out_TNH), kv_cache
+
+
+class LlamaMLP(nnx.Module):
+    """SwiGLU: down(act(gate(x)) * up(x))."""
+
+    def __init__(self, args: LlamaArgs, *, dtype, rngs):
+        D, F = args.hidden_size, args.intermediate_size
+        kwargs = dict(use_bias=args.mlp_bias, dtype=dtype, rngs=rngs)
+        self.gate_proj = Linear("TD,DF->TF", (D, F), ("embed", "mlp"), **kwargs)
+        self.up_proj = Linear("TD,DF->TF", (D, F), ("embed", "mlp"), **kwargs)
+        self.down_proj = Linear("TF,FD->TD", (F, D), ("mlp", "embed"), **kwargs)
+        self.hidden_act = args.hidden_act
+
+    def __call__(self, x: Float[Array, "T D"]) -> Float[Array, "T D"]:
+        act = _ACTIVATIONS[self.hidden_act]
+        return self.down_proj(act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nnx.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, args: LlamaArgs, rotary: RotaryEmbedding, *, dtype, backend, rngs):
+        eps = args.rms_norm_eps
+        self.input_layernorm = RMSNorm(args.hidden_size, eps=eps, dtype=dtype)
+        self.self_attn = LlamaAttention(args, rotary, dtype=dtype, backend=backend, rngs=rngs)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, eps=eps, dtype=dtype)
+        self.mlp = LlamaMLP(args, dtype=dtype, rngs=rngs)
+
+    def __call__(
+        self,
+        x: Float[Array, "T D"],
+        positions: Int[Array, "T"],
+        kv_cache: Array,
+        md: AttentionMetadata,
+    ) -> tuple[Float[Array, "T D"], Array]:
+        attn_out, kv_cache = self.self_attn(self.input_layernorm(x), positions, kv_cache, md)
+        x = x + attn_out
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, kv_cache
+
+
+class LlamaModel(nnx.Module):
+    """Embedding, the decoder layers (one KV cache array each) and the final norm."""
+
+    def __init__(self, args: LlamaArgs, rotary: RotaryEmbedding, *, dtype, backend, rngs):
+        self.embed_tokens = Embedding(args.vocab_size, args.hidden_size, dtype=dtype, rngs=rngs)
+        self.layers = nnx.List(
+            [
+                LlamaDecoderLayer(args, rotary, dtype=dtype, backend=backend, rngs=rngs)
+                for _ in range(args.num_layers)
+            ]
+        )
+        self.norm = RMSNorm(args.hidden_size, eps=args.rms_norm_eps, dtype=dtype)
+
+    def __call__(
+        self,
+        input_ids: Int[Array, "T"],
+        positions: Int[Array, "T"],
+        kv_caches: list[Array],
+        md: AttentionMetadata,
+    ) -> tuple[Float[Array, "T D"], list[Array]]:
+        x = self.embed_tokens(input_ids)
+        new_caches = []
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            x, kv_cache = layer(x, positions, kv_cache, md)
+            new_caches.append(kv_cache)
+        return self.norm(x), new_caches
+
+
+class LlamaForCausalLM(nnx.Module):
+    """The runner's model: `__call__` gives final hidden states, `compute_logits` the logits.
+
+    `backend` is kept as a static field of the graph definition, so it must be hashable (a
+    frozen dataclass); the KV caches are arguments and return values, never module state.
+    """
+
+    def __init__(self, hf_config: Any, *, dtype, backend: AttentionBackend, rngs: nnx.Rngs):
+        args = LlamaArgs.from_hf_config(hf_config)
+        dtype = jnp.dtype(dtype)
+        rotary = RotaryEmbedding.from_hf_config(hf_config, args.head_dim)
+        self.model = LlamaModel(args, rotary, dtype=dtype, backend=backend, rngs=rngs)
+        self.lm_head = (
+            None
+            if args.tie_word_embeddings
+            else Linear(
+                "RD,DV->RV", (args.hidden_size, args.vocab_size), ("embed", "vocab"),
+                use_bias=False, dtype=dtype, rngs=rngs,
+            )
+        )
+
+    def __call__(
+        self,
+        input_ids: Int[Array, "T"],
+        positions: Int[Array, "T"],
+        kv_caches: list[Array],
+        md: AttentionMetadata,
+    ) -> tuple[Float[Array, "T D"], list[Array]]:
+        """Runs the step's tokens; returns final hidden states and the updated caches."""
+        return self.model(input_ids, positions, kv_caches, md)
+
+    def compute_logits(self, hidden: Float[Array, "R D"]) -> Float[Array, "R V"]:
+        """float32 logits; computed in the model dtype and then upcast, as HF does."""
+        if self.lm_head is None:
+            logits = self.model.embed_tokens.attend(hidden)
+        else:
+            logits = self.lm_head(hidden)
+        return logits.astype(jnp.float32)

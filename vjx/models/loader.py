@@ -1,0 +1,187 @@
+"""Builds a model abstractly and fills its params from safetensors files or random values.
+
+The module is created with `nnx.eval_shape`, so no weight is initialized twice and no full
+copy of the model is built on the host: each checkpoint tensor is memory-mapped, renamed,
+laid out as its param, cast, and put straight on its device (or its `NamedSharding`, from
+the logical axes and vjx/sharding/rules.py, when a mesh is given).
+
+A checkpoint tensor's name is the param's module path plus the layer's HF name for it:
+`model.layers.0.self_attn.q_proj.weight` fills `model.layers[0].self_attn.q_proj.kernel`.
+"""
+
+import dataclasses
+import functools
+import json
+import pathlib
+import struct
+from collections.abc import Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, Sharding, SingleDeviceSharding
+
+from vjx.attention.backend import AttentionBackend
+from vjx.config import ModelConfig
+from vjx.models.layers.linear import INIT_STDDEV
+from vjx.models.layers.param import logical_axes_of
+from vjx.models.registry import get_model_class
+from vjx.sharding.rules import logical_sharding
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+
+_SAFETENSORS_DTYPES = {
+    "F64": np.float64,
+    "F32": np.float32,
+    "F16": np.float16,
+    "BF16": jnp.bfloat16,
+    "I64": np.int64,
+    "I32": np.int32,
+    "I16": np.int16,
+    "I8": np.int8,
+    "U8": np.uint8,
+    "BOOL": np.bool_,
+}
+# Checkpoint tensors that are derived from the config, not weights of the model.
+_DERIVED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+@dataclasses.dataclass(frozen=True)
+class _ParamSlot:
+    """Where one checkpoint tensor goes: the layer that lays it out and the param it fills."""
+
+    layer: nnx.Module
+    attr: str
+    param: nnx.Param
+
+
+def get_model(
+    model_config: ModelConfig, backend: AttentionBackend, *, mesh: Mesh | None = None
+) -> nnx.Module:
+    """The model of `model_config` with its weights on the device (or spread over `mesh`)."""
+    if model_config.dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {model_config.dtype!r}.")
+    if model_config.load_format not in LOAD_FORMATS:
+        raise ValueError(
+            f"load_format must be one of {LOAD_FORMATS}, got {model_config.load_format!r}."
+        )
+    model_cls = get_model_class(model_config.hf_config)
+    dtype = jnp.dtype(DTYPES[model_config.dtype])
+    model = nnx.eval_shape(
+        lambda: model_cls(
+            model_config.hf_config, dtype=dtype, backend=backend, rngs=nnx.Rngs(model_config.seed)
+        )
+    )
+    slots = _param_slots(model)
+    placement = functools.partial(_sharding_of, mesh=mesh)
+    if model_config.load_format == "dummy":
+        _fill_dummy(slots, model_config.seed, placement)
+    else:
+        is_tied = getattr(model_config.hf_config, "tie_word_embeddings", False)
+        _fill_from_safetensors(slots, pathlib.Path(model_config.model), is_tied, placement)
+    return model
+
+
+def _param_slots(model: nnx.Module) -> dict[str, _ParamSlot]:
+    """Every param of `model`, keyed by the name its checkpoint tensor has."""
+    slots = {}
+    for path, node in nnx.iter_graph(model):
+        if not isinstance(node, nnx.Module) or not getattr(node, "HF_NAMES", None):
+            continue
+        prefix = ".".join(str(part) for part in path)
+        for hf_leaf, attr in node.HF_NAMES.items():
+            param = getattr(node, attr)
+            if param is not None:
+                slots[f"{prefix}.{hf_leaf}"] = _ParamSlot(layer=node, attr=attr, param=param)
+    return slots
+
+
+def _sharding_of(param: nnx.Param, mesh: Mesh | None) -> Sharding:
+    if mesh is None:
+        return SingleDeviceSharding(jax.devices()[0])
+    return logical_sharding(mesh, logical_axes_of(param))
+
+
+def _fill_dummy(slots: dict[str, _ParamSlot], seed: int, placement) -> None:
+    """Random normal params (norm weights: ones), drawn on the device in the param dtype."""
+    for index, name in enumerate(sorted(slots)):
+        param = slots[name].param
+        is_norm = logical_axes_of(param) == ("norm",)
+        make = _dummy_fn(param.shape, param.dtype, placement(param), is_norm)
+        param.set_value(make(jnp.uint32(seed), jnp.uint32(index)))
+
+
+@functools.lru_cache(maxsize=None)
+def _dummy_fn(shape: tuple[int, ...], dtype: jnp.dtype, sharding: Sharding, is_norm: bool):
+    """One compiled generator per (shape, dtype, sharding, kind), shared by all layers."""
+
+    def make(seed, index):
+        if is_norm:
+            return jnp.ones(shape, dtype)
+        key = jax.random.fold_in(jax.random.key(seed), index)
+        return jax.random.normal(key, shape, dtype) * jnp.asarray(INIT_STDDEV, dtype)
+
+    return jax.jit(make, out_shardings=sharding)
+
+
+def _fill_from_safetensors(
+    slots: dict[str, _ParamSlot], directory: pathlib.Path, is_tied: bool, placement
+) -> None:
+    loaded = set()
+    for path in _safetensors_files(directory):
+        for name, tensor in _read_safetensors(path):
+            if name.endswith(_DERIVED_SUFFIXES) or (is_tied and name == "lm_head.weight"):
+                continue
+            if name not in slots:
+                raise ValueError(
+                    f"tensor {name!r} in {path} matches no param of the model; "
+                    f"expected names like {sorted(slots)[:3]}."
+                )
+            slot = slots[name]
+            value = slot.layer.to_param_layout(slot.attr, tensor)
+            if value.shape != slot.param.shape:
+                raise ValueError(
+                    f"tensor {name!r} in {path} has shape {tensor.shape}, which does not fit "
+                    f"the param's shape {slot.param.shape}."
+                )
+            host = np.asarray(value).astype(slot.param.dtype)
+            slot.param.set_value(jax.device_put(host, placement(slot.param)))
+            loaded.add(name)
+    missing = sorted(set(slots) - loaded)
+    if missing:
+        raise ValueError(f"the checkpoint in {directory} lacks tensors {missing}.")
+
+
+def _safetensors_files(directory: pathlib.Path) -> list[pathlib.Path]:
+    """The shards listed by `model.safetensors.index.json`, else every `*.safetensors` file."""
+    index = directory / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return [directory / name for name in sorted(set(weight_map.values()))]
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"model directory {directory} holds no *.safetensors file.")
+    return files
+
+
+def _read_safetensors(path: pathlib.Path) -> Iterator[tuple[str, np.ndarray]]:
+    """Memory-mapped tensors of one file (numpy cannot read bfloat16 through `safetensors`).
+
+    The format: an 8-byte little-endian header size, a JSON header giving each tensor's dtype,
+    shape and byte range, then the raw bytes.
+    """
+    with open(path, "rb") as f:
+        (header_size,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(header_size))
+    header.pop("__metadata__", None)
+    if not header:
+        return
+    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + header_size)
+    for name, info in header.items():
+        if info["dtype"] not in _SAFETENSORS_DTYPES:
+            raise ValueError(f"tensor {name!r} in {path} has unsupported dtype {info['dtype']}.")
+        start, end = info["data_offsets"]
+        dtype = np.dtype(_SAFETENSORS_DTYPES[info["dtype"]])
+        yield name, data[start:end].view(dtype).reshape(info["shape"])
