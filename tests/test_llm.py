@@ -7,8 +7,12 @@ Two engines are shared by the whole module (XLA compile time dominates on CI's 2
 Every configuration must produce the same greedy tokens.
 """
 
+import numpy as np
 import pytest
+import torch
+import transformers
 
+from tests.models.test_llama_parity import empty_caches, prefill, random_blocks
 from vjx import LLM, SamplingParams
 
 PROMPTS = [
@@ -65,6 +69,35 @@ def _tokens(llm, prompts):
 
 def test_large_engine_outputs_are_full_length(reference_tokens):
     assert [len(t) for t in reference_tokens] == [MAX_TOKENS] * len(PROMPTS)
+
+
+def _hf_greedy(hf_model, prompt_ids, num_tokens):
+    """Greedy tokens and, per step, the top-5 token ids (full forward each step, float32)."""
+    ids, tokens, top5 = list(prompt_ids), [], []
+    with torch.no_grad():
+        for _ in range(num_tokens):
+            logits = hf_model(torch.as_tensor([ids])).logits[0, -1]
+            top5.append(torch.topk(logits, 5).indices.tolist())
+            tokens.append(int(logits.argmax()))
+            ids.append(tokens[-1])
+    return tokens, top5
+
+
+def test_greedy_matches_transformers(large_llm, reference_tokens):
+    """Identical, or at the first difference each side's token is in the other's top-5."""
+    config = large_llm.llm_engine.config.model_config
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(config.model, dtype=torch.float32).eval()
+    tokenizer = large_llm.get_tokenizer()
+    for prompt, ours in zip(PROMPTS[:4], reference_tokens[:4]):
+        prompt_ids = tokenizer.encode(prompt)
+        theirs, their_top5 = _hf_greedy(hf_model, prompt_ids, MAX_TOKENS)
+        if ours == theirs:
+            continue
+        i = next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)
+        model = large_llm.llm_engine.engine_core.engine_core.model_executor.worker.model
+        logits, _ = prefill(model, prompt_ids + ours[:i], 0, random_blocks(0), empty_caches(config.hf_config))
+        our_top5 = np.argsort(logits[-1])[::-1][:5].tolist()
+        assert ours[i] in their_top5[i] and theirs[i] in our_top5, (prompt, i, ours, theirs)
 
 
 def test_batch_size_one_equals_batch_of_sixteen(large_llm, reference_tokens):
