@@ -20,7 +20,7 @@ from vjx import LLM, EngineArgs, SamplingParams
 
 
 def _prompts(llm: LLM, num_prompts: int, input_len: int, seed: int) -> list[dict]:
-    vocab_size = llm.llm_engine.config.model_config.hf_config.vocab_size
+    vocab_size = min(llm.llm_engine.config.model_config.hf_config.vocab_size, len(llm.get_tokenizer()))
     rng = np.random.default_rng(seed)
     # Ids from the low half of the vocab avoid special tokens at the top.
     ids = rng.integers(0, vocab_size // 2, size=(num_prompts, input_len))
