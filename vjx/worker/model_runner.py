@@ -17,7 +17,7 @@ from vjx.core.sched.output import SchedulerOutput
 from vjx.outputs import ModelRunnerOutput
 from vjx.worker.compile_watch import CompileWatch
 from vjx.worker.input_batch import CachedRequestState, InputBatch
-from vjx.worker.step import StepLayout, compile_step, token_buckets
+from vjx.worker.step import StepLayout, compile_step, enable_compilation_cache, token_buckets
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +48,7 @@ class ModelRunner:
 
     def compile_or_warm_up_model(self) -> float:
         """Compiles every bucket's step ahead of the first request; returns the seconds spent."""
+        enable_compilation_cache()
         start = time.perf_counter()
         for num_tokens in self.layouts:
             self._compiled[num_tokens] = self.compile_layout(num_tokens)

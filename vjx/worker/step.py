@@ -10,6 +10,7 @@ Legend: T tokens (the bucket), R attention rows (`max_num_seqs`), Rs sampled row
 
 import dataclasses
 import functools
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +22,16 @@ from vjx.sampling.metadata import SamplingMetadata
 from vjx.sampling.sampler import sample
 
 _MIN_TOKEN_BUCKET = 16
+_COMPILATION_CACHE_DIR = pathlib.Path.home() / ".cache" / "vjx" / "jax"
+
+
+def enable_compilation_cache() -> None:
+    """Turns on JAX's persistent compilation cache unless the user configured one."""
+    if jax.config.jax_compilation_cache_dir:
+        return
+    jax.config.update("jax_compilation_cache_dir", str(_COMPILATION_CACHE_DIR))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
 
 def token_buckets(max_num_batched_tokens: int) -> list[int]:
