@@ -31,6 +31,8 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     prompt_logprobs: list | None = None
+    num_cached_tokens: int | None = None
+    """Prompt tokens whose KV came from the prefix cache."""
 
 
 @dataclasses.dataclass

@@ -16,7 +16,7 @@ from vjx.engine.messages import EngineCoreRequest
 from vjx.sampling_params import SamplingParams
 
 PromptType = str | dict[str, Any]
-"""A text, `{"prompt": text}`, or `{"prompt_token_ids": [ids]}`."""
+"""A text, `{"prompt": text}`, or `{"prompt_token_ids": [ids]}`; a dict may add `"cache_salt"`."""
 
 
 class InputProcessor:
@@ -47,6 +47,12 @@ class InputProcessor:
         The request owns a copy of `params` (with `max_tokens` filled in when it is None),
         so the caller may reuse or change theirs.
         """
+        cache_salt = None
+        if isinstance(prompt, dict) and "cache_salt" in prompt:
+            prompt = dict(prompt)
+            cache_salt = prompt.pop("cache_salt")
+            if not isinstance(cache_salt, str) or not cache_salt:
+                raise ValueError(f"cache_salt must be a non-empty string, got {cache_salt!r}.")
         prompt_text, prompt_token_ids = self._tokenize(prompt)
         self._validate_prompt(prompt_token_ids)
         params = self._validate_params(params, len(prompt_token_ids))
@@ -57,6 +63,7 @@ class InputProcessor:
             eos_token_id=self.eos_token_id,
             arrival_time=time.time() if arrival_time is None else arrival_time,
             priority=priority,
+            cache_salt=cache_salt,
         )
         return request, prompt_text
 

@@ -30,6 +30,8 @@ class EngineCoreRequest:
     eos_token_id: int | None
     arrival_time: float
     priority: int = 0
+    cache_salt: str | None = None
+    """Mixed into the first block's hash, so only requests with the same salt share a prefix."""
 
 
 @dataclasses.dataclass

@@ -48,6 +48,7 @@ class RequestState:
         self.prompt_token_ids = request.prompt_token_ids
         self.output_kind = output_kind
         self.detokenizer = IncrementalDetokenizer(tokenizer, request)
+        self.num_cached_tokens = 0
         self._num_sent_tokens = 0
 
     def make_request_output(
@@ -75,6 +76,7 @@ class RequestState:
             prompt_token_ids=self.prompt_token_ids,
             outputs=[completion],
             finished=finished,
+            num_cached_tokens=self.num_cached_tokens,
         )
 
 
@@ -115,6 +117,7 @@ class OutputProcessor:
             if not output.new_token_ids and not output.finished:
                 continue
             finish_reason, stop_reason = output.finish_reason, output.stop_reason
+            state.num_cached_tokens = output.num_cached_tokens
             stop_string = state.detokenizer.update(output.new_token_ids, finish_reason)
             if stop_string is not None:
                 if finish_reason is None:
