@@ -59,6 +59,13 @@ class SchedulerConfig:
     """Copy of `ModelConfig.max_model_len`, so the scheduler needs no model config."""
     enable_chunked_prefill: bool
     """Split a long prompt over several steps instead of waiting for a step it fits in."""
+    long_prefill_token_threshold: int = 0
+    """Most prompt tokens one request computes per step (0: no cap), so a long prompt cannot
+    take the whole budget from running decodes."""
+    scheduling_policy: str = "fcfs"
+    """"fcfs" (arrival order) or "priority" (lower `priority` first, then arrival)."""
+    async_scheduling: bool = False
+    """Plan step N+1 on the host while the device runs step N."""
 
 
 @dataclasses.dataclass(frozen=True)

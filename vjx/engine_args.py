@@ -16,6 +16,7 @@ from vjx.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig
 _DTYPES = {"float32": "float32", "float": "float32", "bfloat16": "bfloat16", "float16": "float16", "half": "float16"}
 _LOAD_FORMATS = ("auto", "safetensors", "dummy")
 _BLOCK_SIZES = (8, 16, 32, 64, 128)
+_POLICIES = ("fcfs", "priority")
 # CPU compiles are slow (2 cores in CI): a smaller default token budget keeps the bucket set
 # small. Accelerators take vLLM's offline default.
 _DEFAULT_BATCHED_TOKENS = {"cpu": 512}
@@ -43,6 +44,10 @@ class EngineArgs:
     max_num_batched_tokens: int | None = _field(None, "Token budget of one step; 8192 on accelerators, 512 on CPU.")
     enable_prefix_caching: bool = _field(True, "Reuse KV blocks of shared prompt prefixes.")
     enable_chunked_prefill: bool = _field(True, "Split long prompts over several steps.")
+    long_prefill_token_threshold: int = _field(0, "Most prompt tokens a request computes per step; 0 = no cap.")
+    scheduling_policy: str = _field("fcfs", f"One of {_POLICIES}: arrival order, or lower priority value first.")
+    async_scheduling: bool | None = _field(None, "Plan the next step while the device runs this one; "
+                                           "on by default on accelerators, off on CPU.")
     tensor_parallel_size: int = _field(1, "Devices to split the model over (only 1 so far).")
     load_format: str = _field("auto", f"How to read weights: one of {_LOAD_FORMATS}.")
     attention_backend: str | None = _field(None, "Attention backend name; the platform's default when None.")
@@ -103,6 +108,10 @@ class EngineArgs:
                              f"got {self.tensor_parallel_size}.")
         if self.load_format not in _LOAD_FORMATS:
             raise ValueError(f"load_format must be one of {_LOAD_FORMATS}, got {self.load_format!r}.")
+        if self.scheduling_policy not in _POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {_POLICIES}, got {self.scheduling_policy!r}.")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError(f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}.")
         if self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {self.dtype!r}.")
 
@@ -152,4 +161,12 @@ class EngineArgs:
             max_num_batched_tokens=budget,
             max_model_len=max_model_len,
             enable_chunked_prefill=self.enable_chunked_prefill,
+            long_prefill_token_threshold=self.long_prefill_token_threshold,
+            scheduling_policy=self.scheduling_policy,
+            async_scheduling=self._async_scheduling(),
         )
+
+    def _async_scheduling(self) -> bool:
+        if self.async_scheduling is None:
+            return jax.default_backend() != "cpu"
+        return self.async_scheduling

@@ -15,7 +15,8 @@ class LLM:
     """Loads a model once and generates completions for batches of prompts.
 
     `model=None` runs the embedded default model, SmolLM2-135M-Instruct. The keyword
-    arguments are vLLM's engine arguments, documented on `EngineArgs`.
+    arguments are vLLM's engine arguments, documented on `EngineArgs`; the ones not listed
+    (e.g. `scheduling_policy`, `async_scheduling`) pass through `**kwargs`.
     """
 
     def __init__(
@@ -36,8 +37,10 @@ class LLM:
         tensor_parallel_size: int = 1,
         load_format: str = "auto",
         attention_backend: str | None = None,
+        **kwargs,
     ):
-        engine_args = EngineArgs(**{k: v for k, v in locals().items() if k != "self"})
+        explicit = {k: v for k, v in locals().items() if k not in ("self", "kwargs")}
+        engine_args = EngineArgs(**explicit, **kwargs)
         self.llm_engine = LLMEngine.from_engine_args(engine_args)
         self.request_counter = itertools.count()
 
