@@ -46,15 +46,18 @@ def small_llm():
     return LLM(max_model_len=256, max_num_seqs=16, max_num_batched_tokens=32, num_gpu_blocks_override=24)
 
 
+LARGE_ARGS = dict(
+    max_model_len=256,
+    max_num_seqs=16,
+    max_num_batched_tokens=256,
+    enable_chunked_prefill=False,
+    num_gpu_blocks_override=400,
+)
+
+
 @pytest.fixture(scope="module")
 def large_llm():
-    return LLM(
-        max_model_len=256,
-        max_num_seqs=16,
-        max_num_batched_tokens=256,
-        enable_chunked_prefill=False,
-        num_gpu_blocks_override=400,
-    )
+    return LLM(**LARGE_ARGS, async_scheduling=False)
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +121,18 @@ def test_preempted_batch_equals_roomy_batch(small_llm, reference_tokens):
     assert _tokens(small_llm, PROMPTS) == reference_tokens
     assert scheduler.num_preemptions > preemptions_before
     assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == 24 - 1
+
+
+def test_async_scheduling_equals_sync(large_llm, reference_tokens):
+    """Same compiled steps (the persistent cache hits); EOS stops land while a step is in flight."""
+    async_llm = LLM(**LARGE_ARGS, async_scheduling=True)
+    assert _tokens(async_llm, PROMPTS) == reference_tokens
+    params = [SamplingParams(temperature=0.0, max_tokens=40), SamplingParams(temperature=0.7, seed=3, max_tokens=30)]
+    for sp in params:
+        ours = async_llm.generate(PROMPTS[:6], sp, use_tqdm=False)
+        sync = large_llm.generate(PROMPTS[:6], sp, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in ours] == [o.outputs[0].token_ids for o in sync]
+        assert [o.outputs[0].finish_reason for o in ours] == [o.outputs[0].finish_reason for o in sync]
 
 
 def test_no_compilation_after_warm_up(large_llm):

@@ -1,6 +1,7 @@
 """Output objects: what users get back (vLLM's `RequestOutput`) and what a step returns."""
 
 import dataclasses
+from collections.abc import Callable
 
 
 @dataclasses.dataclass
@@ -44,3 +45,13 @@ class ModelRunnerOutput:
     req_id_to_index: dict[str, int]
     sampled_token_ids: list[list[int]]
     """Per row, the tokens sampled this step: one token, or none for a partial prefill."""
+
+
+@dataclasses.dataclass
+class AsyncModelRunnerOutput:
+    """A dispatched step whose tokens are still on the device; `get_output()` waits for them."""
+
+    _collect: Callable[[], ModelRunnerOutput]
+
+    def get_output(self) -> ModelRunnerOutput:
+        return self._collect()

@@ -3,7 +3,7 @@
 import pytest
 
 from vjx.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
-from vjx.core.kv_cache_utils import hash_request_tokens
+from vjx.core.kv_cache_utils import hash_request_tokens, make_block_hash_with_group_id, sha256
 from vjx.core.request import Request
 from vjx.sampling_params import SamplingParams
 
@@ -35,9 +35,10 @@ def test_allocate_prompt_caches_its_full_blocks():
     assert (hits, num_hit_tokens) == (KVCacheBlocks(([],)), 0)
     assert manager.allocate_slots(a, 10, 0, hits).get_block_ids() == ([1, 2, 3],)
     assert manager.get_block_ids("a") == ([1, 2, 3],)
-    assert a.block_hashes == hash_request_tokens(4, PROMPT)
+    assert a.block_hashes == hash_request_tokens(sha256, 4, PROMPT)
     blocks = manager.block_pool.blocks
-    assert [blocks[i].block_hash for i in (1, 2, 3)] == [a.block_hashes[0], a.block_hashes[1], None]
+    keys = [make_block_hash_with_group_id(block_hash, 0) for block_hash in a.block_hashes]
+    assert [blocks[i].block_hash for i in (1, 2, 3)] == [keys[0], keys[1], None]
     assert manager.num_cached_block == {"a": 2}
     assert free_ids(manager) == [4, 5, 6, 7, 8, 9, 10]
     assert manager.usage == pytest.approx(0.3)
@@ -124,8 +125,9 @@ def test_decode_adds_a_block_only_at_a_boundary_and_caches_output_blocks():
         a.num_computed_tokens += 1
         assert manager.num_cached_block == {"a": expected_num_cached}
     assert manager.get_block_ids("a") == ([1, 2, 3],)
-    assert a.block_hashes == hash_request_tokens(4, [1, 2, 3, 4, 5, 6, 7, 8])
-    assert manager.block_pool.get_cached_block(a.block_hashes[1]) is manager.block_pool.blocks[2]
+    assert a.block_hashes == hash_request_tokens(sha256, 4, [1, 2, 3, 4, 5, 6, 7, 8])
+    blocks = manager.block_pool.blocks
+    assert manager.block_pool.get_cached_block(a.block_hashes[1], [0]) == [blocks[2]]
 
 
 def test_preempted_request_may_hit_its_own_output_blocks():

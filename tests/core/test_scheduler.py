@@ -1,10 +1,22 @@
-"""Scheduler steps driven by hand-built ModelRunnerOutputs: exact diffs, blocks and outputs."""
+"""Scheduler steps driven by hand-built ModelRunnerOutputs: exact diffs, blocks and outputs.
+
+Preemption has its own file (test_scheduler_preemption.py), async scheduling too.
+"""
 
 import pytest
 
-from vjx.config import CacheConfig, SchedulerConfig
+from tests.core.scheduler_helpers import (
+    free_ids,
+    make_request,
+    make_scheduler,
+    new_reqs,
+    num_free_blocks,
+    output,
+    runner_output,
+    step,
+)
 from vjx.core.request import Request, RequestStatus
-from vjx.core.sched.output import CachedRequestData, SchedulerOutput
+from vjx.core.sched.output import CachedRequestData
 from vjx.core.sched.request_queue import (
     FCFSRequestQueue,
     PriorityRequestQueue,
@@ -12,91 +24,10 @@ from vjx.core.sched.request_queue import (
     create_request_queue,
 )
 from vjx.core.sched.scheduler import Scheduler
-from vjx.engine.messages import (
-    EngineCoreOutput,
-    EngineCoreOutputs,
-    EngineCoreRequest,
-    FinishReason,
-)
-from vjx.outputs import ModelRunnerOutput
+from vjx.core.sched.stats import SchedulerStats
+from vjx.engine.messages import EngineCoreOutputs, EngineCoreRequest, FinishReason
 from vjx.sampling_params import SamplingParams
 
-
-def make_scheduler(
-    *,
-    num_gpu_blocks: int = 17,
-    max_model_len: int = 32,
-    max_num_batched_tokens: int = 32,
-    max_num_seqs: int = 4,
-    enable_chunked_prefill: bool = True,
-    enable_prefix_caching: bool = True,
-    policy: str = "fcfs",
-) -> Scheduler:
-    """Blocks of 4 tokens; block 0 is reserved, so 17 blocks give 16 usable ones."""
-    scheduler_config = SchedulerConfig(
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_model_len=max_model_len,
-        enable_chunked_prefill=enable_chunked_prefill,
-    )
-    cache_config = CacheConfig(
-        block_size=4,
-        gpu_memory_utilization=0.9,
-        num_gpu_blocks_override=None,
-        enable_prefix_caching=enable_prefix_caching,
-    )
-    return Scheduler(scheduler_config, cache_config, num_gpu_blocks, policy=policy)
-
-
-def make_request(
-    request_id: str,
-    prompt_token_ids: list[int],
-    *,
-    eos_token_id: int | None = None,
-    arrival_time: float = 0.0,
-    priority: int = 0,
-    **sampling_kwargs,
-) -> Request:
-    sampling_params = SamplingParams(**sampling_kwargs)
-    return Request(
-        request_id, prompt_token_ids, sampling_params, eos_token_id, arrival_time, priority
-    )
-
-
-def runner_output(out: SchedulerOutput, sampled: dict[str, list[int]]) -> ModelRunnerOutput:
-    """What the runner returns: a row per scheduled request, tokens only where given."""
-    req_ids = list(out.num_scheduled_tokens)
-    return ModelRunnerOutput(
-        req_ids=req_ids,
-        req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},
-        sampled_token_ids=[sampled.get(req_id, []) for req_id in req_ids],
-    )
-
-
-def step(scheduler: Scheduler, sampled: dict[str, list[int]]):
-    """One schedule -> (runner) -> update round; returns both halves."""
-    out = scheduler.schedule()
-    return out, scheduler.update_from_output(out, runner_output(out, sampled))
-
-
-def new_reqs(scheduler_output: SchedulerOutput) -> list[tuple]:
-    return [
-        (r.req_id, r.block_ids, r.num_computed_tokens) for r in scheduler_output.scheduled_new_reqs
-    ]
-
-
-def free_ids(scheduler: Scheduler) -> list[int]:
-    queue = scheduler.kv_cache_manager.block_pool.free_block_queue
-    return [block.block_id for block in queue.get_all_free_blocks()]
-
-
-def output(request_id, new_token_ids, finish_reason=None, stop_reason=None, num_cached_tokens=0):
-    return EngineCoreOutput(
-        request_id, new_token_ids, finish_reason, stop_reason, num_cached_tokens
-    )
-
-
-A_PROMPT = [10, 11, 12, 13, 14, 15, 16, 17]
 B_PROMPT = [20, 21, 22, 23, 24, 25, 26, 27]
 
 
@@ -124,6 +55,22 @@ def test_continuous_batching_mixes_a_decode_with_a_new_prompt():
     assert out.finished_req_ids == {"a"}
     assert out.scheduled_cached_reqs == CachedRequestData(["b"], [False], [([5],)], [8])
     assert scheduler.get_request_counts() == (1, 0)
+
+
+def test_token_budget_goes_to_running_requests_first_then_waiting_ones_in_order():
+    scheduler = make_scheduler(max_num_batched_tokens=10)
+    scheduler.add_request(make_request("a", [1, 2, 3]))
+    scheduler.add_request(make_request("b", [4, 5, 6]))
+    step(scheduler, {"a": [7], "b": [8]})
+    scheduler.add_request(make_request("c", list(range(30, 42))))
+    scheduler.add_request(make_request("d", [9]))
+    out, _ = step(scheduler, {"a": [7], "b": [8]})
+    # Two decodes, then c's first 8 prompt tokens; d gets nothing from an empty budget.
+    assert out.num_scheduled_tokens == {"a": 1, "b": 1, "c": 8}
+    assert out.total_num_scheduled_tokens == 10
+    assert [request.request_id for request in scheduler.waiting] == ["d"]
+    out, _ = step(scheduler, {"a": [7], "b": [8], "c": [10], "d": [11]})
+    assert out.num_scheduled_tokens == {"a": 1, "b": 1, "c": 4, "d": 1}
 
 
 def test_chunked_prefill_over_several_steps():
@@ -164,8 +111,32 @@ def test_without_chunked_prefill_a_prompt_waits_for_a_step_it_fits_in():
     assert out.num_scheduled_tokens == {"a": 20}
     out, _ = step(scheduler, {"a": [2], "b": [3], "c": [4]})
     assert out.num_scheduled_tokens == {"a": 1, "b": 16, "c": 2}
-    with pytest.raises(ValueError, match="max_num_batched_tokens=16 must be at least max_mo"):
-        make_scheduler(enable_chunked_prefill=False, max_num_batched_tokens=16)
+
+
+@pytest.mark.parametrize(
+    ("threshold", "expected"),
+    [
+        # A 20-token prompt admitted first takes the whole budget: d waits two steps.
+        (0, [{"long": 8}, {"long": 8}, {"long": 4, "d": 3}, {"long": 1, "d": 1}]),
+        # Capped at 4 tokens a step, it leaves room for d from the first step on.
+        (4, [{"long": 4, "d": 3}, {"long": 4, "d": 1}, {"long": 4, "d": 1}, {"long": 4, "d": 1}]),
+    ],
+    ids=["no_cap", "cap_4"],
+)
+def test_long_prefill_token_threshold_keeps_short_requests_running(threshold, expected):
+    scheduler = make_scheduler(max_num_batched_tokens=8, long_prefill_token_threshold=threshold)
+    scheduler.add_request(make_request("long", list(range(100, 120))))
+    scheduler.add_request(make_request("d", [1, 2, 3]))
+    scheduled = []
+    for _ in expected:
+        request = scheduler.requests["long"]
+        sampled = {"d": [9]}
+        out = scheduler.schedule()
+        if request.num_computed_tokens == request.num_tokens:
+            sampled["long"] = [9]
+        scheduler.update_from_output(out, runner_output(out, sampled))
+        scheduled.append(out.num_scheduled_tokens)
+    assert scheduled == expected
 
 
 def test_max_num_seqs_caps_the_running_requests():
@@ -181,89 +152,15 @@ def test_max_num_seqs_caps_the_running_requests():
     assert out.num_scheduled_tokens == {"b": 1, "c": 3}
 
 
-def test_preemption_frees_the_last_request_and_resumes_it_with_all_its_blocks():
-    scheduler = make_scheduler(num_gpu_blocks=5, max_model_len=16, max_num_batched_tokens=16)
-    scheduler.add_request(make_request("a", A_PROMPT, max_tokens=4))
-    scheduler.add_request(make_request("b", B_PROMPT, max_tokens=4))
-    out, _ = step(scheduler, {"a": [30], "b": [40]})
-    assert new_reqs(out) == [("a", ([1, 2],), 0), ("b", ([3, 4],), 0)]
-
-    # a needs a third block and none is free: b, the last admitted, is preempted.
-    out, _ = step(scheduler, {"a": [31]})
-    assert out.num_scheduled_tokens == {"a": 1}
-    assert out.scheduled_cached_reqs == CachedRequestData(["a"], [False], [([4],)], [8])
-    b = scheduler.requests["b"]
-    assert (b.status, b.num_computed_tokens, b.num_preemptions) == (RequestStatus.PREEMPTED, 0, 1)
-    assert free_ids(scheduler) == [3]
-    assert list(scheduler.waiting) == [b]
-
-    # b's first block is still cached, but it needs three blocks and one is free.
-    out, _ = step(scheduler, {"a": [32]})
-    assert out.num_scheduled_tokens == {"a": 1}
-    out, engine_outputs = step(scheduler, {"a": [33]})
-    assert engine_outputs.finished_requests == {"a"}
-    assert free_ids(scheduler) == [3, 4, 2, 1]
-
-    out, engine_outputs = step(scheduler, {"b": [41]})
-    assert out.finished_req_ids == {"a"}
-    assert out.scheduled_new_reqs == []
-    assert out.scheduled_cached_reqs == CachedRequestData(["b"], [True], [([3, 4, 2],)], [4])
-    assert out.num_scheduled_tokens == {"b": 5}
-    assert engine_outputs.outputs == [output("b", [41])]
-    assert b.output_token_ids == [40, 41]
-    step(scheduler, {"b": [42]})
-    _, engine_outputs = step(scheduler, {"b": [43]})
-    assert engine_outputs.outputs == [output("b", [43], FinishReason.LENGTH)]
-    assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == 4
-
-
-def test_a_request_that_must_preempt_itself_stops_the_step():
-    scheduler = make_scheduler(num_gpu_blocks=6, max_model_len=20, max_num_batched_tokens=20)
-    scheduler.add_request(make_request("a", A_PROMPT))
-    scheduler.add_request(make_request("b", B_PROMPT))
-    step(scheduler, {"a": [30], "b": [40]})
-    out, _ = step(scheduler, {"a": [31]})
-    assert out.scheduled_cached_reqs == CachedRequestData(["a"], [False], [([5],)], [8])
-    assert scheduler.requests["b"].status is RequestStatus.PREEMPTED
-    assert free_ids(scheduler) == [4, 3]
-
-
-def test_priority_policy_preempts_the_lowest_priority_even_if_already_scheduled():
-    scheduler = make_scheduler(
-        num_gpu_blocks=6, max_model_len=20, max_num_batched_tokens=20, policy="priority"
-    )
-    scheduler.add_request(make_request("a", A_PROMPT, priority=1, arrival_time=0.0))
-    step(scheduler, {"a": [30]})
-    scheduler.add_request(make_request("b", B_PROMPT, priority=0, arrival_time=1.0, max_tokens=3))
-    out, _ = step(scheduler, {"a": [31], "b": [40]})
-    assert out.scheduled_cached_reqs == CachedRequestData(["a"], [False], [([3],)], [8])
-    assert new_reqs(out) == [("b", ([4, 5],), 0)]
-
-    # a fits in its blocks and is scheduled first, but b needs a block: a (priority 1) goes.
-    out, _ = step(scheduler, {"b": [41]})
-    assert out.num_scheduled_tokens == {"b": 1}
-    assert out.total_num_scheduled_tokens == 1
-    assert out.scheduled_cached_reqs == CachedRequestData(["b"], [False], [([3],)], [8])
-    assert scheduler.requests["a"].status is RequestStatus.PREEMPTED
-    assert free_ids(scheduler) == [2, 1]
-
-    out, engine_outputs = step(scheduler, {"b": [42]})
-    assert out.num_scheduled_tokens == {"b": 1}
-    assert engine_outputs.finished_requests == {"b"}
-    out, _ = step(scheduler, {"a": [32]})
-    assert out.scheduled_cached_reqs == CachedRequestData(["a"], [True], [([1, 2, 3],)], [8])
-    assert out.num_scheduled_tokens == {"a": 2}
-    assert free_ids(scheduler) == [5, 4]
-
-
 def test_priority_policy_admits_by_priority_then_arrival():
-    scheduler = make_scheduler(policy="priority")
+    scheduler = make_scheduler(policy="priority", max_num_seqs=3)
     arrivals = (("low", 2, 0.0), ("high", 0, 1.0), ("mid", 1, 3.0), ("early", 1, 2.0))
     for request_id, priority, arrival_time in arrivals:
         request = make_request(request_id, [1, 2], priority=priority, arrival_time=arrival_time)
         scheduler.add_request(request)
     out = scheduler.schedule()
-    assert [r.req_id for r in out.scheduled_new_reqs] == ["high", "early", "mid", "low"]
+    assert [r.req_id for r in out.scheduled_new_reqs] == ["high", "early", "mid"]
+    assert [r.request_id for r in scheduler.waiting] == ["low"]
 
 
 def test_prefix_cache_hit_through_the_scheduler():
@@ -326,7 +223,7 @@ def test_stop_conditions(request_kwargs, sampled, expected):
     assert [(o.new_token_ids, o.finish_reason, o.stop_reason) for o in outputs] == expected
     assert request.output_token_ids == [t for o in outputs for t in o.new_token_ids]
     assert not scheduler.has_unfinished_requests()
-    assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == 16
+    assert num_free_blocks(scheduler) == 16
 
 
 def test_max_model_len_stops_a_request():
@@ -345,22 +242,31 @@ def test_a_prompt_of_max_model_len_in_chunks_samples_one_token():
     assert not scheduler.has_unfinished_requests()
 
 
-def test_abort_frees_blocks_at_once():
-    scheduler = make_scheduler(max_num_seqs=1)
-    scheduler.add_request(make_request("a", [1, 2, 3, 4, 5, 6]))
-    scheduler.add_request(make_request("b", [7, 8]))
-    out, _ = step(scheduler, {"a": [9]})
-    assert new_reqs(out) == [("a", ([1, 2],), 0)]
-    scheduler.finish_requests(["a", "b", "unknown"], RequestStatus.FINISHED_ABORTED)
-    assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == 16
-    assert free_ids(scheduler) == list(range(3, 17)) + [2, 1]
+def test_abort_frees_blocks_at_once_in_every_state():
+    scheduler = make_scheduler(max_num_seqs=2, max_num_batched_tokens=8)
+    scheduler.add_request(make_request("decoding", [1, 2, 3, 4, 5, 6]))
+    scheduler.add_request(make_request("prefilling", list(range(10, 22))))
+    scheduler.add_request(make_request("waiting", [7, 8]))
+    out, _ = step(scheduler, {"decoding": [9]})
+    assert out.num_scheduled_tokens == {"decoding": 6, "prefilling": 2}
+    assert scheduler.kv_cache_manager.get_block_ids("prefilling") == ([3],)
+    assert num_free_blocks(scheduler) == 13
+
+    scheduler.finish_requests("prefilling", RequestStatus.FINISHED_ABORTED)
+    assert num_free_blocks(scheduler) == 14
+    assert [r.request_id for r in scheduler.running] == ["decoding"]
+    scheduler.finish_requests(["waiting", "decoding", "unknown"], RequestStatus.FINISHED_ABORTED)
+    assert num_free_blocks(scheduler) == 16
+    assert free_ids(scheduler) == list(range(4, 17)) + [3, 2, 1]
     assert scheduler.get_num_unfinished_requests() == 0
     assert scheduler.has_finished_requests()
     assert scheduler.requests == {}
     out, engine_outputs = step(scheduler, {})
-    assert out.finished_req_ids == {"a", "b"}
+    assert out.finished_req_ids == {"decoding", "prefilling", "waiting"}
     assert out.total_num_scheduled_tokens == 0
-    assert engine_outputs == EngineCoreOutputs(outputs=[], finished_requests={"a", "b"})
+    assert engine_outputs == EngineCoreOutputs(
+        outputs=[], finished_requests={"decoding", "prefilling", "waiting"}
+    )
     assert not scheduler.has_finished_requests()
 
 
@@ -389,77 +295,48 @@ def test_add_request_and_config_validation():
         scheduler.add_request(make_request("c", []))
     with pytest.raises(ValueError, match="num_gpu_blocks=4 holds 12 tokens .* max_model_len=16"):
         make_scheduler(num_gpu_blocks=4, max_model_len=16)
-    with pytest.raises(ValueError, match=r"one of \['fcfs', 'priority'\], got 'lifo'"):
+    with pytest.raises(ValueError, match=r"scheduling_policy must be one of \['fcfs', 'prio"):
         make_scheduler(policy="lifo")
+    with pytest.raises(ValueError, match="max_num_batched_tokens=16 must be at least max_mo"):
+        make_scheduler(enable_chunked_prefill=False, max_num_batched_tokens=16)
+    with pytest.raises(ValueError, match="got 8 with enable_chunked_prefill=False"):
+        make_scheduler(enable_chunked_prefill=False, long_prefill_token_threshold=8)
+    with pytest.raises(ValueError, match="long_prefill_token_threshold must be 0 .* got -1"):
+        make_scheduler(long_prefill_token_threshold=-1)
 
 
-def simulate(scheduler: Scheduler, num_steps: int) -> int:
-    """Run like a runner, check every diff against the scheduler's state; return the steps run."""
-    runner_blocks: dict[str, list[int]] = {}
-    runner_num_computed: dict[str, int] = {}
-    for step_index in range(num_steps):
-        if not scheduler.has_unfinished_requests():
-            return step_index
-        out = scheduler.schedule()
-        assert out.total_num_scheduled_tokens <= 12
-        assert len(scheduler.running) <= 3
-        for req_id in out.finished_req_ids:
-            runner_blocks.pop(req_id, None)
-        for new in out.scheduled_new_reqs:
-            runner_blocks[new.req_id] = list(new.block_ids[0])
-            runner_num_computed[new.req_id] = new.num_computed_tokens
-        cached = out.scheduled_cached_reqs
-        rows = zip(
-            cached.req_ids,
-            cached.resumed_from_preemption,
-            cached.new_block_ids,
-            cached.num_computed_tokens,
-        )
-        for req_id, resumed, new_block_ids, num_computed in rows:
-            if resumed:
-                runner_blocks[req_id] = []
-            else:
-                assert runner_num_computed[req_id] == num_computed
-            runner_blocks[req_id] += new_block_ids[0] if new_block_ids else []
-            runner_num_computed[req_id] = num_computed
-        sampled = {}
-        for req_id, num_tokens in out.num_scheduled_tokens.items():
-            assert (runner_blocks[req_id],) == scheduler.kv_cache_manager.get_block_ids(req_id)
-            runner_num_computed[req_id] += num_tokens
-            request = scheduler.requests[req_id]
-            if request.num_computed_tokens == request.num_tokens:
-                sampled[req_id] = [1000 + step_index]
-        scheduler.update_from_output(out, runner_output(out, sampled))
-    return num_steps
-
-
-@pytest.mark.parametrize("policy", ["fcfs", "priority"])
-@pytest.mark.parametrize("enable_prefix_caching", [True, False])
-def test_no_blocks_leak_after_a_busy_run_with_preemptions(policy, enable_prefix_caching):
-    scheduler = make_scheduler(
-        num_gpu_blocks=9,
-        max_num_batched_tokens=12,
-        max_num_seqs=3,
-        enable_prefix_caching=enable_prefix_caching,
-        policy=policy,
+def test_make_stats_reports_gauges_and_counts_since_the_last_call():
+    scheduler = make_scheduler(max_num_seqs=2)
+    assert scheduler.make_stats() == SchedulerStats(0, 0, 0.0)
+    scheduler.add_request(make_request("a", list(range(1, 11))))
+    scheduler.add_request(make_request("b", list(range(1, 9)) + [50, 51]))
+    scheduler.add_request(make_request("c", [1]))
+    step(scheduler, {"a": [60], "b": [61]})
+    step(scheduler, {"a": [62], "b": [63]})
+    stats = scheduler.make_stats()
+    # b hits a's two full blocks (cached when a was admitted, earlier in the same step) and
+    # holds one block of its own; c is never looked up, as running is full (max_num_seqs=2).
+    assert stats == SchedulerStats(
+        num_running_reqs=2,
+        num_waiting_reqs=1,
+        kv_cache_usage=4 / 16,
+        num_steps=2,
+        num_scheduled_tokens=14,
+        num_preemptions=0,
+        num_prefix_queried_tokens=20,
+        num_prefix_hit_tokens=8,
     )
-    shared = [1, 2, 3, 4, 5, 6, 7, 8]
-    prompts = [shared[: 4 + i % 5] + [100 + i] * (i % 7) for i in range(12)]
-    requests = [
-        make_request(f"r{i}", prompt, max_tokens=4 + i % 6, ignore_eos=True, priority=i % 3)
-        for i, prompt in enumerate(prompts)
-    ]
-    for request in requests:
-        scheduler.add_request(request)
-    assert simulate(scheduler, num_steps=300) < 300
-    assert sum(request.num_preemptions for request in requests) == scheduler.num_preemptions > 0
-    assert [request.num_output_tokens for request in requests] == [4 + i % 6 for i in range(12)]
-    assert all(request.status is RequestStatus.FINISHED_LENGTH_CAPPED for request in requests)
-    manager = scheduler.kv_cache_manager
-    assert manager.block_pool.get_num_free_blocks() == 8
-    assert all(block.ref_cnt == 0 for block in manager.block_pool.blocks)
-    assert (manager.req_to_blocks, manager.num_cached_block, scheduler.running) == ({}, {}, [])
-    assert scheduler.reset_prefix_cache() is True
+    assert (stats.num_tokens_per_step, stats.prefix_cache_hit_rate) == (7.0, 0.4)
+    assert str(stats) == (
+        "Running: 2 reqs, Waiting: 1 reqs, KV cache usage: 25.0%, Prefix cache hit rate: 40.0%, "
+        "Preemptions: 0, Tokens per step: 7.0 over 2 steps"
+    )
+    assert scheduler.make_stats() == SchedulerStats(2, 1, 4 / 16)
+    scheduler.finish_requests(["a", "b"], RequestStatus.FINISHED_ABORTED)
+    step(scheduler, {"c": [64]})
+    stats = scheduler.make_stats()
+    assert (stats.num_running_reqs, stats.num_steps, stats.num_scheduled_tokens) == (1, 1, 1)
+    assert (stats.num_prefix_queried_tokens, stats.num_prefix_hit_tokens) == (1, 0)
 
 
 def test_request_and_status():

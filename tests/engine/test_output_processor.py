@@ -12,7 +12,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 
 from vjx.engine.detokenizer import IncrementalDetokenizer
 from vjx.engine.messages import EngineCoreOutput, EngineCoreRequest, FinishReason
-from vjx.engine.output_processor import OutputProcessor, RequestOutputKind
+from vjx.engine.output_processor import OutputProcessor
+from vjx.sampling_params import RequestOutputKind
 from vjx.sampling_params import SamplingParams
 
 _CORPUS = [
@@ -136,8 +137,8 @@ def test_skip_special_tokens(tokenizer, skip_special_tokens, text):
 
 def _run_one(tokenizer, steps: list[list[int]], kind=RequestOutputKind.CUMULATIVE, **params):
     """Feeds `steps` to a fresh processor; returns (outputs, reqs_to_abort per step, processor)."""
-    processor = OutputProcessor(tokenizer, output_kind=kind)
-    request = _request(tokenizer, **params)
+    processor = OutputProcessor(tokenizer)
+    request = _request(tokenizer, output_kind=kind, **params)
     processor.add_request(request, "The")
     outputs, aborts = [], []
     for new_token_ids in steps:
@@ -245,9 +246,9 @@ def test_length_finish_and_cumulative_outputs(tokenizer):
 def test_delta_and_final_only_kinds(tokenizer):
     token_ids = _ids(tokenizer, "Hello world")
     steps = [token_ids[:2], token_ids[2:4], token_ids[4:]]
-    processor = OutputProcessor(tokenizer, output_kind=RequestOutputKind.DELTA)
-    processor.add_request(_request(tokenizer, "d"), None)
-    processor.add_request(_request(tokenizer, "f"), None, output_kind=RequestOutputKind.FINAL_ONLY)
+    processor = OutputProcessor(tokenizer)
+    processor.add_request(_request(tokenizer, "d", output_kind=RequestOutputKind.DELTA), None)
+    processor.add_request(_request(tokenizer, "f", output_kind=RequestOutputKind.FINAL_ONLY), None)
     seen = []
     for i, new_token_ids in enumerate(steps):
         finish_reason = FinishReason.LENGTH if i == len(steps) - 1 else None

@@ -1,26 +1,71 @@
 """KV cache blocks, the LRU queue of free blocks, and the chained hashes of full blocks.
 
-A full block's hash is `sha256(parent hash || number of tokens || token ids as little-endian
-int64 || repr(extra keys))`, the first block's parent being the fixed `NONE_HASH`. So one hash
-names a whole prefix, not just a block's own tokens. sha256 rather than Python's `hash` on
-tuples: a collision would silently hand one prompt another prompt's K/V, and 64-bit tuple
-hashes of integers can be collided on purpose by whoever writes the prompts; the cost (about
-a microsecond per block, once per block) is small beside a model step.
+A full block's hash is `hash_fn(header || parent hash || token ids || extra keys)`: the header
+packs the parent hash's length and the number of tokens (so the encoding is prefix-free), the
+token ids are little-endian int64 and the extra keys (a LoRA name, a cache salt) are their
+`repr`. The first block's parent is the fixed `NONE_HASH`, so one hash names a whole prefix,
+not just a block's own tokens. A cryptographic hash rather than Python's `hash` on tuples: a
+collision would silently hand one prompt another prompt's K/V, and 64-bit tuple hashes of
+integers can be collided on purpose by whoever writes the prompts. `sha256` is the default;
+`blake2b` (128-bit digest) is the alternative. Each costs under a microsecond per block,
+once per block (benchmarks/kv_cache_manager.py measures both).
 """
 
 import dataclasses
 import hashlib
 import struct
-from collections.abc import Sequence
+from array import array
+from collections.abc import Callable, Sequence
 from typing import NewType
 
 BlockHash = NewType("BlockHash", bytes)
-"""A 32-byte sha256 digest naming a full block and every block before it."""
+"""A digest naming a full block and every block before it."""
+
+BlockHashWithGroupId = NewType("BlockHashWithGroupId", bytes)
+"""A block hash followed by a KV cache group id (4 bytes, big-endian): the prefix cache's key,
+since groups of different attention types keep different K/V for the same tokens."""
+
+HashFunction = Callable[[bytes], BlockHash]
 
 NONE_HASH = BlockHash(hashlib.sha256(b"vjx: parent of a request's first block").digest())
 
+_TOKEN_BYTES = 8
+_HEADER = struct.Struct("<BI")
+
+
+def sha256(data: bytes) -> BlockHash:
+    return BlockHash(hashlib.sha256(data).digest())
+
+
+def blake2b(data: bytes) -> BlockHash:
+    return BlockHash(hashlib.blake2b(data, digest_size=16).digest())
+
+
+_HASH_FUNCTIONS: dict[str, HashFunction] = {"sha256": sha256, "blake2b": blake2b}
+
+
+def get_hash_fn_by_name(hash_algo: str) -> HashFunction:
+    """The block hash function named by `hash_algo`: "sha256" or "blake2b"."""
+    if hash_algo not in _HASH_FUNCTIONS:
+        raise ValueError(
+            f"hash_algo must be one of {sorted(_HASH_FUNCTIONS)}, got {hash_algo!r}."
+        )
+    return _HASH_FUNCTIONS[hash_algo]
+
+
+def make_block_hash_with_group_id(block_hash: BlockHash, group_id: int) -> BlockHashWithGroupId:
+    return BlockHashWithGroupId(block_hash + group_id.to_bytes(4, "big"))
+
+
+def _hash_block_bytes(
+    hash_fn: HashFunction, parent: BlockHash, token_bytes: bytes, extra: bytes
+) -> BlockHash:
+    header = _HEADER.pack(len(parent), len(token_bytes) // _TOKEN_BYTES)
+    return hash_fn(header + parent + token_bytes + extra)
+
 
 def hash_block_tokens(
+    hash_fn: HashFunction,
     parent_block_hash: BlockHash | None,
     curr_block_token_ids: Sequence[int],
     extra_keys: tuple[int | str, ...] | None = None,
@@ -29,31 +74,48 @@ def hash_block_tokens(
 
     `extra_keys` tell apart blocks of equal tokens whose K/V differ (a LoRA adapter, a salt).
     """
-    hasher = hashlib.sha256(NONE_HASH if parent_block_hash is None else parent_block_hash)
-    num_tokens = len(curr_block_token_ids)
-    hasher.update(struct.pack(f"<I{num_tokens}q", num_tokens, *curr_block_token_ids))
-    if extra_keys:
-        hasher.update(repr(extra_keys).encode())
-    return BlockHash(hasher.digest())
+    parent = NONE_HASH if parent_block_hash is None else parent_block_hash
+    token_bytes = array("q", curr_block_token_ids).tobytes()
+    extra = repr(extra_keys).encode() if extra_keys else b""
+    return _hash_block_bytes(hash_fn, parent, token_bytes, extra)
 
 
 def hash_request_tokens(
+    hash_fn: HashFunction,
     block_size: int,
     token_ids: Sequence[int],
     known_block_hashes: Sequence[BlockHash] = (),
+    cache_salt: str | None = None,
 ) -> list[BlockHash]:
     """Hashes of the full blocks of `token_ids` past the `known_block_hashes` of its first ones.
 
-    Passing the hashes already known lets a growing request hash only its newly full blocks;
-    a trailing partial block gets no hash.
+    Equal to chaining `hash_block_tokens` block by block; `cache_salt` is the first block's
+    only extra key, and through the chain it changes every later hash too. Passing the hashes
+    already known lets a growing request hash only its newly full blocks; a trailing partial
+    block gets no hash.
     """
     if block_size < 1:
         raise ValueError(f"block_size must be at least 1, got {block_size}.")
-    parent = known_block_hashes[-1] if known_block_hashes else None
+    num_known = len(known_block_hashes)
+    num_full_blocks = len(token_ids) // block_size
+    if num_full_blocks <= num_known:
+        return []
+    # One conversion for all new blocks: the per-block work is then a slice and a hash.
+    new_token_ids = token_ids[num_known * block_size : num_full_blocks * block_size]
+    token_bytes = array("q", new_token_ids).tobytes()
+    stride = block_size * _TOKEN_BYTES
     new_hashes = []
-    first_token = len(known_block_hashes) * block_size
-    for start in range(first_token, len(token_ids) - block_size + 1, block_size):
-        parent = hash_block_tokens(parent, token_ids[start : start + block_size])
+    start = 0
+    parent = known_block_hashes[-1] if num_known else NONE_HASH
+    if not num_known:
+        extra = repr((cache_salt,)).encode() if cache_salt else b""
+        parent = _hash_block_bytes(hash_fn, parent, token_bytes[:stride], extra)
+        new_hashes.append(parent)
+        start = stride
+    # Past the first block every parent is a digest of one length: one header for all.
+    header = _HEADER.pack(len(parent), block_size)
+    for start in range(start, len(token_bytes), stride):
+        parent = hash_fn(header + parent + token_bytes[start : start + stride])
         new_hashes.append(parent)
     return new_hashes
 
@@ -65,12 +127,13 @@ class KVCacheBlock:
     block_id: int
     ref_cnt: int = 0
     """Requests holding this block; 0 means it sits in the free queue (unless it is null)."""
-    block_hash: BlockHash | None = None
+    block_hash: BlockHashWithGroupId | None = None
     """Set while the block is full and in the prefix cache; cleared when it is reused."""
     prev_free_block: "KVCacheBlock | None" = None
     next_free_block: "KVCacheBlock | None" = None
     is_null: bool = False
-    """The scratch block 0: padding tokens write there and no request ever holds it."""
+    """The scratch block 0: padding tokens and skipped (out-of-window) positions point at it;
+    it is never free, never handed out and never ref-counted."""
 
     def __repr__(self) -> str:
         prev_id = self.prev_free_block.block_id if self.prev_free_block else None
@@ -87,8 +150,8 @@ class FreeKVCacheBlockQueue:
 
     The head is evicted first, so freed blocks go to the tail: least recently used first.
     A cached block that a new request hits is taken out of the middle, hence the links
-    rather than a deque. Every operation is O(1) and allocates nothing: the links live in the
-    blocks and two sentinels spare the empty-list branches.
+    rather than a deque. Every operation is O(1) per block and allocates no list nodes: the
+    links live in the blocks and two sentinels spare the empty-list branches.
     """
 
     def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
@@ -111,9 +174,20 @@ class FreeKVCacheBlockQueue:
         return block
 
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
+        """The first `n` blocks, unlinked in one walk: the list is re-joined once at the end."""
         if n > self.num_free_blocks:
             raise ValueError(f"popleft_n: n={n} exceeds the {self.num_free_blocks} free blocks.")
-        return [self.popleft() for _ in range(n)]
+        blocks = []
+        block = self._head.next_free_block
+        for _ in range(n):
+            blocks.append(block)
+            next_block = block.next_free_block
+            block.prev_free_block = block.next_free_block = None
+            block = next_block
+        self._head.next_free_block = block
+        block.prev_free_block = self._head
+        self.num_free_blocks -= n
+        return blocks
 
     def remove(self, block: KVCacheBlock) -> None:
         prev_block, next_block = block.prev_free_block, block.next_free_block
@@ -132,6 +206,17 @@ class FreeKVCacheBlockQueue:
         self._tail.prev_free_block = block
         self.num_free_blocks += 1
 
+    def append_n(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Append `blocks` in order, linking them in one walk."""
+        last = self._tail.prev_free_block
+        for block in blocks:
+            block.prev_free_block = last
+            last.next_free_block = block
+            last = block
+        last.next_free_block = self._tail
+        self._tail.prev_free_block = last
+        self.num_free_blocks += len(blocks)
+
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
         """The free blocks from head (next evicted) to tail; O(n), for tests and debugging."""
         blocks = []
@@ -144,7 +229,7 @@ class FreeKVCacheBlockQueue:
 
 @dataclasses.dataclass
 class PrefixCacheStats:
-    """Prefix-cache lookups since the last reset, counted in tokens as vLLM's metrics are."""
+    """Prefix-cache lookups since start, counted in tokens as vLLM's metrics are."""
 
     num_requests: int = 0
     num_queried_tokens: int = 0

@@ -55,6 +55,7 @@ class Request:
         eos_token_id: int | None,
         arrival_time: float,
         priority: int = 0,
+        cache_salt: str | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
@@ -62,6 +63,9 @@ class Request:
         self.eos_token_id = eos_token_id
         self.arrival_time = arrival_time
         self.priority = priority
+        self.cache_salt = cache_salt
+        """Mixed into the hash of the first block, so only requests with the same salt share
+        cached prefixes (one tenant cannot probe another's prompts by timing)."""
         self.max_tokens = sampling_params.max_tokens
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
@@ -83,6 +87,7 @@ class Request:
             eos_token_id=request.eos_token_id,
             arrival_time=request.arrival_time,
             priority=request.priority,
+            cache_salt=request.cache_salt,
         )
 
     @property

@@ -1,16 +1,23 @@
 """EngineCore: the hub of the engine. `step()` = schedule -> execute -> update."""
 
+import collections
 import logging
 import time
 
 from vjx.config import VjxConfig
 from vjx.core.request import Request, RequestStatus
+from vjx.core.sched.async_scheduler import AsyncScheduler
+from vjx.core.sched.output import SchedulerOutput
 from vjx.core.sched.scheduler import Scheduler
 from vjx.engine.messages import EngineCoreOutputs, EngineCoreRequest
 from vjx.executor.abstract import Executor
 from vjx.executor.uniproc import UniProcExecutor
+from vjx.outputs import AsyncModelRunnerOutput
 
 logger = logging.getLogger(__name__)
+
+# Steps in flight with async scheduling: the one the device runs and the one planned next.
+_BATCH_QUEUE_SIZE = 2
 
 
 class EngineCore:
@@ -23,7 +30,11 @@ class EngineCore:
         start = time.perf_counter()
         self.model_executor.initialize(self.num_gpu_blocks)
         self.warmup_time = time.perf_counter() - start
-        self.scheduler = Scheduler(config.scheduler_config, config.cache_config, self.num_gpu_blocks)
+        is_async = config.scheduler_config.async_scheduling
+        scheduler_class = AsyncScheduler if is_async else Scheduler
+        self.scheduler = scheduler_class(config.scheduler_config, config.cache_config, self.num_gpu_blocks)
+        self.batch_queue: collections.deque[tuple[SchedulerOutput, AsyncModelRunnerOutput]] = collections.deque()
+        self.step_fn = self.step_with_batch_queue if is_async else self.step
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self.scheduler.add_request(Request.from_engine_core_request(request))
@@ -31,9 +42,29 @@ class EngineCore:
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
 
+    def _has_work(self) -> bool:
+        return self.scheduler.has_unfinished_requests() or self.scheduler.has_finished_requests()
+
     def step(self) -> EngineCoreOutputs:
-        if not (self.scheduler.has_unfinished_requests() or self.scheduler.has_finished_requests()):
+        if not self._has_work():
             return EngineCoreOutputs()
         scheduler_output = self.scheduler.schedule()
         model_output = self.model_executor.execute_model(scheduler_output)
         return self.scheduler.update_from_output(scheduler_output, model_output)
+
+    def step_with_batch_queue(self) -> EngineCoreOutputs:
+        """Async scheduling: dispatch step N+1 before waiting for step N's tokens.
+
+        Each call dispatches a step when there is work and room in the queue, and returns
+        the oldest step's outputs once the queue is full or nothing more can be planned.
+        """
+        if self._has_work() and len(self.batch_queue) < _BATCH_QUEUE_SIZE:
+            scheduler_output = self.scheduler.schedule()
+            future = self.model_executor.execute_model(scheduler_output, non_block=True)
+            self.batch_queue.append((scheduler_output, future))
+            if len(self.batch_queue) < _BATCH_QUEUE_SIZE and scheduler_output.total_num_scheduled_tokens:
+                return EngineCoreOutputs()
+        if not self.batch_queue:
+            return EngineCoreOutputs()
+        scheduler_output, future = self.batch_queue.popleft()
+        return self.scheduler.update_from_output(scheduler_output, future.get_output())

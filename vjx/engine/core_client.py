@@ -19,4 +19,4 @@ class InprocClient:
             self.engine_core.abort_requests(request_ids)
 
     def get_output(self) -> EngineCoreOutputs:
-        return self.engine_core.step()
+        return self.engine_core.step_fn()

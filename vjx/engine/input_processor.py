@@ -106,6 +106,7 @@ class InputProcessor:
         """A copy of `params`, checked against the vocabulary and with `max_tokens` set."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}.")
+        _reject_unsupported(params)
         bad_ids = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
         if bad_ids:
             raise ValueError(
@@ -121,3 +122,26 @@ class InputProcessor:
             stop_token_ids=list(params.stop_token_ids),
             max_tokens=max_tokens,
         )
+
+
+# Fields whose non-default value the engine cannot honour yet: refused, never ignored.
+_UNSUPPORTED_DEFAULTS = {
+    "n": 1,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "min_p": 0.0,
+    "logprobs": None,
+    "prompt_logprobs": None,
+    "logit_bias": None,
+    "allowed_token_ids": None,
+    "bad_words": [],
+    "truncate_prompt_tokens": None,
+}
+
+
+def _reject_unsupported(params: SamplingParams) -> None:
+    for name, default in _UNSUPPORTED_DEFAULTS.items():
+        value = getattr(params, name)
+        if value != default:
+            raise ValueError(f"{name}={value!r} is not supported by vjx yet; leave it at {default!r}.")

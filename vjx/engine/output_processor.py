@@ -6,24 +6,13 @@ string finished, so EngineCore frees them.
 """
 
 import dataclasses
-import enum
 
 from transformers import PreTrainedTokenizerBase
 
 from vjx.engine.detokenizer import IncrementalDetokenizer
 from vjx.engine.messages import EngineCoreOutput, EngineCoreRequest, FinishReason
 from vjx.outputs import CompletionOutput, RequestOutput
-
-
-class RequestOutputKind(enum.Enum):
-    """What each `RequestOutput` of a request holds."""
-
-    CUMULATIVE = 0
-    """All text and token ids so far (`LLM.generate`)."""
-    DELTA = 1
-    """Only what is new since the previous output (streaming)."""
-    FINAL_ONLY = 2
-    """One output, when the request finishes, with everything."""
+from vjx.sampling_params import RequestOutputKind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,13 +29,12 @@ class RequestState:
         self,
         request: EngineCoreRequest,
         prompt: str | None,
-        output_kind: RequestOutputKind,
         tokenizer: PreTrainedTokenizerBase,
     ):
         self.request_id = request.request_id
         self.prompt = prompt
         self.prompt_token_ids = request.prompt_token_ids
-        self.output_kind = output_kind
+        self.output_kind = request.sampling_params.output_kind
         self.detokenizer = IncrementalDetokenizer(tokenizer, request)
         self.num_cached_tokens = 0
         self._num_sent_tokens = 0
@@ -84,26 +72,15 @@ class OutputProcessor:
     """Keeps the state of every unfinished request and turns each step's outputs into
     `RequestOutput`s, in the order EngineCore gave them."""
 
-    def __init__(
-        self,
-        tokenizer: PreTrainedTokenizerBase,
-        output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE,
-    ):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase):
         self.tokenizer = tokenizer
-        self.output_kind = output_kind
         self.request_states: dict[str, RequestState] = {}
 
-    def add_request(
-        self,
-        request: EngineCoreRequest,
-        prompt: str | None,
-        output_kind: RequestOutputKind | None = None,
-    ) -> None:
-        """Starts tracking a request; `output_kind` overrides the processor's default."""
+    def add_request(self, request: EngineCoreRequest, prompt: str | None) -> None:
+        """Starts tracking a request; its `sampling_params.output_kind` says what it shows."""
         if request.request_id in self.request_states:
             raise ValueError(f"request_id {request.request_id!r} is already in use by an unfinished request.")
-        kind = self.output_kind if output_kind is None else output_kind
-        self.request_states[request.request_id] = RequestState(request, prompt, kind, self.tokenizer)
+        self.request_states[request.request_id] = RequestState(request, prompt, self.tokenizer)
 
     def process_outputs(self, engine_core_outputs: list[EngineCoreOutput]) -> OutputProcessorOutput:
         """Applies one step's outputs; outputs of requests no longer tracked (aborted here

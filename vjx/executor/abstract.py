@@ -4,7 +4,7 @@ import abc
 
 from vjx.config import VjxConfig
 from vjx.core.sched.output import SchedulerOutput
-from vjx.outputs import ModelRunnerOutput
+from vjx.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 
 
 class Executor(abc.ABC):
@@ -19,4 +19,7 @@ class Executor(abc.ABC):
         """Allocates the KV cache and compiles every step variant; returns compile seconds."""
 
     @abc.abstractmethod
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput: ...
+    def execute_model(
+        self, scheduler_output: SchedulerOutput, non_block: bool = False
+    ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
+        """Runs one step; with `non_block` returns at dispatch, before the tokens are known."""

@@ -3,7 +3,7 @@
 from vjx.config import VjxConfig
 from vjx.core.sched.output import SchedulerOutput
 from vjx.executor.abstract import Executor
-from vjx.outputs import ModelRunnerOutput
+from vjx.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vjx.worker.worker import Worker
 
 
@@ -19,5 +19,7 @@ class UniProcExecutor(Executor):
         self.worker.initialize_cache(num_blocks)
         return self.worker.compile_or_warm_up_model()
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        return self.worker.execute_model(scheduler_output)
+    def execute_model(
+        self, scheduler_output: SchedulerOutput, non_block: bool = False
+    ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
+        return self.worker.execute_model(scheduler_output, non_block)

@@ -1,8 +1,13 @@
 """ModelRunner: applies the scheduler's diff to the persistent batch and runs one step.
 
 Per step: update request state from the `SchedulerOutput`, order the scheduled rows
-decode-first, fill the bucket's packed int32 buffer, move it with one transfer, call the
+decode-first, fill the bucket's packed int32 buffer, move it with one transfer, dispatch the
 AOT-compiled step, and hand the sampled tokens back as a `ModelRunnerOutput`.
+
+Dispatch does not wait for the device: `execute_model(..., non_block=True)` returns an
+`AsyncModelRunnerOutput` at once, so the engine can plan and dispatch the next step while this
+one runs (async scheduling). A token the next step needs before it reaches the host is read
+on the device from this step's output.
 """
 
 import logging
@@ -14,7 +19,7 @@ from flax import nnx
 
 from vjx.config import VjxConfig
 from vjx.core.sched.output import SchedulerOutput
-from vjx.outputs import ModelRunnerOutput
+from vjx.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vjx.worker.compile_watch import CompileWatch
 from vjx.worker.input_batch import CachedRequestState, InputBatch
 from vjx.worker.step import StepLayout, compile_step, enable_compilation_cache, token_buckets
@@ -41,9 +46,16 @@ class ModelRunner:
             t: StepLayout(t, self.max_num_reqs, min(t, self.max_num_reqs), max_blocks)
             for t in token_buckets(sched.max_num_batched_tokens)
         }
-        self._packed = {t: np.zeros(layout.size, np.int32) for t, layout in self.layouts.items()}
+        # Two host buffers per bucket, used in turn: the CPU backend may alias a numpy array
+        # it was handed, so a buffer is refilled only after the step that read it finished
+        # (EngineCore keeps at most two steps in flight).
+        self._packed = {t: [np.zeros(layout.size, np.int32) for _ in range(2)] for t, layout in self.layouts.items()}
+        self._num_steps = 0
         self._compiled = {}
         self._seed_rng = np.random.default_rng(config.model_config.seed)
+        self._last_sampled = jax.device_put(np.zeros(self.max_num_reqs, np.int32))
+        self._last_sample_index: dict[str, int] = {}
+        """Requests the last dispatched step samples for, and their index in its output."""
         self.compile_watch = CompileWatch()
 
     def compile_or_warm_up_model(self) -> float:
@@ -61,19 +73,27 @@ class ModelRunner:
             self.layouts[num_tokens], self.graphdef, self.treedef, self.param_leaves, self.kv_caches
         )
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(
+        self, scheduler_output: SchedulerOutput, non_block: bool = False
+    ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
+        output = self._dispatch(scheduler_output)
+        return output if non_block else output.get_output()
+
+    def _dispatch(self, scheduler_output: SchedulerOutput) -> AsyncModelRunnerOutput:
         self._update_states(scheduler_output)
         if scheduler_output.total_num_scheduled_tokens == 0:
-            return ModelRunnerOutput([], {}, [])
+            return AsyncModelRunnerOutput(lambda: ModelRunnerOutput([], {}, []))
         rows, num_tokens = self._order_rows(scheduler_output)
         layout = self._layout_for(int(num_tokens.sum()))
-        packed = self._prepare_inputs(layout, rows, num_tokens)
+        packed, is_sampling = self._prepare_inputs(layout, rows, num_tokens)
         with self.compile_watch:
             self.kv_caches, sampled = self._compiled[layout.num_tokens](
-                self.param_leaves, self.kv_caches, jax.device_put(packed)
+                self.param_leaves, self.kv_caches, self._last_sampled, jax.device_put(packed)
             )
-            sampled = np.asarray(sampled)
-        return self._update_from_sampled(rows, num_tokens, sampled)
+        req_ids = [self.input_batch.req_ids[row] for row in rows.tolist()]
+        self._last_sampled = sampled
+        self._last_sample_index = {r: i for i, r in enumerate(req_ids) if is_sampling[i]}
+        return AsyncModelRunnerOutput(lambda: self._collect(req_ids, is_sampling, sampled))
 
     def _update_states(self, so: SchedulerOutput) -> None:
         batch = self.input_batch
@@ -131,9 +151,13 @@ class ModelRunner:
                 return layout
         raise ValueError(f"{total_tokens} tokens exceed the largest bucket {num_tokens}.")
 
-    def _prepare_inputs(self, layout: StepLayout, rows: np.ndarray, num_tokens: np.ndarray) -> np.ndarray:
+    def _prepare_inputs(
+        self, layout: StepLayout, rows: np.ndarray, num_tokens: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The packed step buffer, and per row whether this step samples its next token."""
         batch = self.input_batch
-        packed = self._packed[layout.num_tokens]
+        self._num_steps += 1
+        packed = self._packed[layout.num_tokens][self._num_steps % 2]
         packed.fill(0)
         num_rows, total = len(rows), int(num_tokens.sum())
         start = batch.num_computed_tokens[rows]
@@ -142,6 +166,11 @@ class ModelRunner:
         positions = start[row_of_token] + np.arange(total) - (cu - num_tokens)[row_of_token]
         token_rows = rows[row_of_token]
         layout.view(packed, "input_ids")[:total] = batch.token_ids_cpu[token_rows, positions]
+        is_pending = positions >= batch.num_tokens[token_rows]
+        prev_index = layout.view(packed, "prev_sampled_index")
+        prev_index[:] = -1
+        prev_index[:total][is_pending] = [self._last_sample_index[batch.req_ids[r]] for r in token_rows[is_pending]]
+        num_pending = np.bincount(row_of_token[is_pending], minlength=num_rows)
         layout.view(packed, "positions")[:total] = positions
         blocks = batch.block_table.block_table[token_rows, positions // self.block_size]
         layout.view(packed, "slot_mapping")[:total] = blocks * self.block_size + positions % self.block_size
@@ -150,10 +179,11 @@ class ModelRunner:
         layout.view(packed, "seq_lens")[:num_rows] = start + num_tokens
         layout.view(packed, "num_seqs")[0] = num_rows
         layout.view(packed, "block_tables")[:num_rows] = batch.block_table.block_table[rows]
-        self._prepare_sampling(layout, packed, rows, cu - 1)
-        return packed
+        self._prepare_sampling(layout, packed, rows, cu - 1, num_pending)
+        is_sampling = start + num_tokens >= batch.num_tokens[rows] + num_pending
+        return packed, is_sampling
 
-    def _prepare_sampling(self, layout, packed, rows, logits_indices) -> None:
+    def _prepare_sampling(self, layout, packed, rows, logits_indices, num_pending) -> None:
         batch, num_rows = self.input_batch, len(rows)
         layout.view(packed, "logits_indices")[:num_rows] = logits_indices
         layout.view(packed, "temperature")[:num_rows] = batch.temperature[rows]
@@ -161,23 +191,29 @@ class ModelRunner:
         layout.view(packed, "top_p")[:] = 1.0
         layout.view(packed, "top_p")[:num_rows] = batch.top_p[rows]
         layout.view(packed, "seeds")[:num_rows] = batch.seeds[rows]
-        num_outputs = batch.num_tokens[rows] - batch.num_prompt_tokens[rows]
+        num_outputs = batch.num_tokens[rows] + num_pending - batch.num_prompt_tokens[rows]
         layout.view(packed, "sample_positions")[:num_rows] = num_outputs
 
-    def _update_from_sampled(self, rows, num_tokens, sampled) -> ModelRunnerOutput:
-        """Appends each row's token when its step reached the end of its known tokens."""
+    def _collect(self, req_ids: list[str], is_sampling: np.ndarray, sampled: jax.Array) -> ModelRunnerOutput:
+        """Waits for a step's tokens and appends each to its request.
+
+        A request may have left the batch (preempted) or the runner (finished) since the step
+        was dispatched: its token still goes to the scheduler, which decides what to keep.
+        """
+        sampled = np.asarray(sampled)
         batch = self.input_batch
-        req_ids, sampled_token_ids = [], []
-        for i, row in enumerate(rows.tolist()):
-            req_id = batch.req_ids[row]
-            state = self.requests[req_id]
-            req_ids.append(req_id)
-            if batch.num_computed_tokens[row] + num_tokens[i] < batch.num_tokens[row]:
+        sampled_token_ids = []
+        for i, req_id in enumerate(req_ids):
+            if not is_sampling[i]:
                 sampled_token_ids.append([])
                 continue
             token = int(sampled[i])
-            state.output_token_ids.append(token)
-            batch.append_token(row, token)
             sampled_token_ids.append([token])
+            state = self.requests.get(req_id)
+            if state is not None:
+                state.output_token_ids.append(token)
+            row = batch.req_id_to_index.get(req_id)
+            if row is not None:
+                batch.append_token(row, token)
         index = {req_id: i for i, req_id in enumerate(req_ids)}
         return ModelRunnerOutput(req_ids, index, sampled_token_ids)

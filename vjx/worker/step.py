@@ -1,8 +1,11 @@
 """The jitted model step, its packed input layout, and the bucket set it is compiled for.
 
-One step is `(param_leaves, kv_caches, packed) -> (kv_caches, sampled)`: every int32 input of
-the step travels in ONE packed buffer (floats bit-cast into it), sliced on the device at
-static offsets; `kv_caches` is donated, so the cache is updated in place.
+One step is `(param_leaves, kv_caches, prev_sampled, packed) -> (kv_caches, sampled)`: every
+int32 input of the step travels in ONE packed buffer (floats bit-cast into it), sliced on the
+device at static offsets; `kv_caches` is donated, so the cache is updated in place.
+`prev_sampled` is the previous step's output, still on the device: with async scheduling a
+step is planned before its predecessor's tokens reach the host, and the tokens it needs are
+taken from there (`prev_sampled_index`, -1 for tokens the host knows).
 
 Legend: T tokens (the bucket), R attention rows (`max_num_seqs`), Rs sampled rows
 (`min(T, max_num_seqs)`), W block table width, V vocab.
@@ -59,6 +62,7 @@ class StepLayout:
         t, r, rs = self.num_tokens, self.num_reqs, self.num_sampled
         sizes = {
             "input_ids": t,
+            "prev_sampled_index": t,
             "positions": t,
             "slot_mapping": t,
             "query_start_loc": r + 1,
@@ -92,7 +96,7 @@ class StepLayout:
             return part.reshape(self.num_reqs, self.max_num_blocks_per_req)
         return part
 
-    def unpack(self, packed: jax.Array) -> tuple[jax.Array, jax.Array, AttentionMetadata, jax.Array, SamplingMetadata]:
+    def unpack(self, packed: jax.Array, prev_sampled: jax.Array):
         """Device-side slices: input_ids, positions, attention and sampling metadata."""
 
         def get(name):
@@ -117,7 +121,9 @@ class StepLayout:
             positions=get("sample_positions"),
             all_greedy=False,
         )
-        return get("input_ids"), get("positions"), md, get("logits_indices"), sampling_md
+        prev_index = get("prev_sampled_index")
+        input_ids = jnp.where(prev_index >= 0, prev_sampled[jnp.maximum(prev_index, 0)], get("input_ids"))
+        return input_ids, get("positions"), md, get("logits_indices"), sampling_md
 
 
 def _sample(logits, md: SamplingMetadata):
@@ -130,13 +136,18 @@ def _sample(logits, md: SamplingMetadata):
     )
 
 
-def model_step(layout: StepLayout, graphdef, treedef, param_leaves, kv_caches, packed):
-    """Forward the step's tokens, write their KV, and sample one token per row."""
-    input_ids, positions, md, logits_indices, sampling_md = layout.unpack(packed)
+def model_step(layout: StepLayout, graphdef, treedef, param_leaves, kv_caches, prev_sampled, packed):
+    """Forward the step's tokens, write their KV, and sample one token per row.
+
+    The sampled ids are padded to R rows, so every variant returns (and takes back as
+    `prev_sampled`) the same shape.
+    """
+    input_ids, positions, md, logits_indices, sampling_md = layout.unpack(packed, prev_sampled)
     model = nnx.merge(graphdef, jax.tree.unflatten(treedef, param_leaves))
     hidden, kv_caches = model(input_ids, positions, kv_caches, md)
     logits = model.compute_logits(hidden[logits_indices])
-    return kv_caches, _sample(logits, sampling_md)
+    sampled = _sample(logits, sampling_md)
+    return kv_caches, jnp.pad(sampled, (0, layout.num_reqs - layout.num_sampled))
 
 
 def compile_step(layout: StepLayout, graphdef, treedef, param_leaves, kv_caches):
@@ -146,5 +157,6 @@ def compile_step(layout: StepLayout, graphdef, treedef, param_leaves, kv_caches)
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
         (param_leaves, kv_caches),
     )
+    prev_sampled = jax.ShapeDtypeStruct((layout.num_reqs,), jnp.int32)
     packed = jax.ShapeDtypeStruct((layout.size,), jnp.int32)
-    return fn.lower(*structs, packed).compile()
+    return fn.lower(*structs, prev_sampled, packed).compile()

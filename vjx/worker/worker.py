@@ -11,7 +11,7 @@ from vjx.config import VjxConfig
 from vjx.core.sched.output import SchedulerOutput
 from vjx.models.loader import get_model
 from vjx.models.registry import get_kv_cache_spec
-from vjx.outputs import ModelRunnerOutput
+from vjx.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vjx.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -88,5 +88,7 @@ class Worker:
     def compile_or_warm_up_model(self) -> float:
         return self.model_runner.compile_or_warm_up_model()
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        return self.model_runner.execute_model(scheduler_output)
+    def execute_model(
+        self, scheduler_output: SchedulerOutput, non_block: bool = False
+    ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
+        return self.model_runner.execute_model(scheduler_output, non_block)

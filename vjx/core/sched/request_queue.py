@@ -119,12 +119,12 @@ class PriorityRequestQueue(RequestQueue):
 
 
 def create_request_queue(policy: SchedulingPolicy | str) -> RequestQueue:
-    """The queue for `policy` ("fcfs" or "priority")."""
+    """The queue for `policy`, the `scheduling_policy` setting ("fcfs" or "priority")."""
     try:
         policy = SchedulingPolicy(policy)
     except ValueError:
         allowed = [p.value for p in SchedulingPolicy]
-        raise ValueError(f"policy must be one of {allowed}, got {policy!r}.") from None
+        raise ValueError(f"scheduling_policy must be one of {allowed}, got {policy!r}.") from None
     if policy is SchedulingPolicy.PRIORITY:
         return PriorityRequestQueue()
     return FCFSRequestQueue()

@@ -8,6 +8,7 @@ from vjx.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from vjx.core.request import Request, RequestStatus
 from vjx.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from vjx.core.sched.request_queue import SchedulingPolicy, create_request_queue
+from vjx.core.sched.stats import SchedulerStats
 from vjx.engine.messages import EngineCoreOutput, EngineCoreOutputs
 from vjx.outputs import ModelRunnerOutput
 
@@ -43,11 +44,18 @@ def _verify_config(
     """Refuse settings under which some valid request could wait forever."""
     max_model_len = scheduler_config.max_model_len
     max_num_batched_tokens = scheduler_config.max_num_batched_tokens
-    if not scheduler_config.enable_chunked_prefill and max_num_batched_tokens < max_model_len:
+    is_chunked = scheduler_config.enable_chunked_prefill
+    if not is_chunked and max_num_batched_tokens < max_model_len:
         raise ValueError(
             f"max_num_batched_tokens={max_num_batched_tokens} must be at least "
             f"max_model_len={max_model_len} when chunked prefill is off, or a long prompt "
             "could never be scheduled."
+        )
+    threshold = scheduler_config.long_prefill_token_threshold
+    if threshold < 0 or (threshold > 0 and not is_chunked):
+        raise ValueError(
+            f"long_prefill_token_threshold must be 0 (no cap) or, with chunked prefill on, "
+            f"at least 1; got {threshold} with enable_chunked_prefill={is_chunked}."
         )
     num_token_slots = (num_gpu_blocks - 1) * cache_config.block_size
     if num_token_slots < max_model_len:
@@ -87,15 +95,13 @@ class Scheduler:
     There are no prefill or decode phases: every request advances `num_computed_tokens`
     toward `num_tokens`, and that one rule covers prompts (whole or in chunks), prefix-cache
     hits and decoding. When the pool runs out of blocks, the lowest-priority running request
-    is preempted: its blocks are freed and it is recomputed later from its tokens.
+    is preempted: its blocks are freed and it is recomputed later from its tokens, outputs
+    included. `AsyncScheduler` extends this to plan a step before the previous one's tokens
+    are known.
     """
 
     def __init__(
-        self,
-        scheduler_config: SchedulerConfig,
-        cache_config: CacheConfig,
-        num_gpu_blocks: int,
-        policy: SchedulingPolicy | str = SchedulingPolicy.FCFS,
+        self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_gpu_blocks: int
     ) -> None:
         _verify_config(scheduler_config, cache_config, num_gpu_blocks)
         max_model_len = scheduler_config.max_model_len
@@ -104,8 +110,9 @@ class Scheduler:
         self.max_num_running_reqs = scheduler_config.max_num_seqs
         self.max_num_scheduled_tokens = scheduler_config.max_num_batched_tokens
         self.max_model_len = max_model_len
-        self.waiting = create_request_queue(policy)
-        self.policy = SchedulingPolicy(policy)
+        self.long_prefill_token_threshold = scheduler_config.long_prefill_token_threshold
+        self.waiting = create_request_queue(scheduler_config.scheduling_policy)
+        self.policy = SchedulingPolicy(scheduler_config.scheduling_policy)
         self.kv_cache_manager = KVCacheManager(
             block_size=cache_config.block_size,
             num_gpu_blocks=num_gpu_blocks,
@@ -120,6 +127,11 @@ class Scheduler:
         """Finished or aborted since the last `update_from_output()`."""
         self.num_preemptions = 0
         """Preemptions since start, for metrics."""
+        self.num_steps = 0
+        """Steps that computed at least one token, since start."""
+        self.num_scheduled_tokens = 0
+        """Tokens scheduled since start."""
+        self._last_stats = self._make_totals()
 
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:
@@ -142,33 +154,60 @@ class Scheduler:
         self._update_after_schedule(scheduler_output)
         return scheduler_output
 
+    def _num_new_tokens(self, request: Request, num_computed_tokens: int) -> int:
+        """Tokens the request would compute this step, before the token budget caps them.
+
+        Positions stay below max_model_len (a request reaching it is finished anyway), and
+        `long_prefill_token_threshold` caps a long prompt's chunk so that it cannot take the
+        whole budget from the requests behind it.
+        """
+        num_new_tokens = min(
+            request.num_tokens - num_computed_tokens, self.max_model_len - num_computed_tokens
+        )
+        if 0 < self.long_prefill_token_threshold < num_new_tokens:
+            return self.long_prefill_token_threshold
+        return num_new_tokens
+
     def _schedule_running(self, plan: _StepPlan) -> None:
+        manager = self.kv_cache_manager
         req_index = 0
         while req_index < len(self.running) and plan.token_budget > 0:
             request = self.running[req_index]
-            # Positions stay below max_model_len; a request reaching it is finished anyway.
-            num_new_tokens = min(
-                request.num_tokens - request.num_computed_tokens,
-                plan.token_budget,
-                self.max_model_len - request.num_computed_tokens,
-            )
+            num_new_tokens = self._num_new_tokens(request, request.num_computed_tokens)
             if num_new_tokens <= 0:
-                # Its last token is not back from the runner: nothing to compute yet.
+                # Every token it has is computed or in flight: nothing to do until they land.
                 req_index += 1
                 continue
-            new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
-            while new_blocks is None:
-                victim_index = self._preemption_victim_index()
-                victim = self.running.pop(victim_index)
-                self._preempt(victim, plan)
-                if victim is request:
+            num_new_tokens = min(num_new_tokens, plan.token_budget)
+            new_blocks = manager.allocate_slots(request, num_new_tokens)
+            if new_blocks is None:
+                req_index, new_blocks = self._preempt_until_allocated(
+                    request, num_new_tokens, req_index, plan
+                )
+                if new_blocks is None:
                     return
-                if victim_index < req_index:
-                    req_index -= 1
-                new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
             plan.schedule(request, num_new_tokens, new_blocks)
             plan.scheduled_running_reqs.append(request)
             req_index += 1
+
+    def _preempt_until_allocated(
+        self, request: Request, num_new_tokens: int, req_index: int, plan: _StepPlan
+    ) -> tuple[int, KVCacheBlocks | None]:
+        """Preempt running requests until the request's slots fit; its new index in running.
+
+        None when the request had to preempt itself: nothing more can be scheduled this step.
+        """
+        new_blocks = None
+        while new_blocks is None:
+            victim_index = self._preemption_victim_index()
+            victim = self.running.pop(victim_index)
+            self._preempt(victim, plan)
+            if victim is request:
+                return req_index, None
+            if victim_index < req_index:
+                req_index -= 1
+            new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
+        return req_index, new_blocks
 
     def _preemption_victim_index(self) -> int:
         """The most recently admitted request, or under PRIORITY the max (priority, arrival)."""
@@ -192,13 +231,15 @@ class Scheduler:
         plan.preempted_reqs.append(request)
 
     def _schedule_waiting(self, plan: _StepPlan) -> None:
+        manager = self.kv_cache_manager
         while self.waiting and plan.token_budget > 0:
             if len(self.running) == self.max_num_running_reqs:
                 break
             request = self.waiting.peek_request()
-            manager = self.kv_cache_manager
             computed_blocks, num_computed_tokens = manager.get_computed_blocks(request)
-            num_new_tokens = request.num_tokens - num_computed_tokens
+            num_new_tokens = self._num_new_tokens(request, num_computed_tokens)
+            if num_new_tokens <= 0:
+                break
             if num_new_tokens > plan.token_budget:
                 if not self.scheduler_config.enable_chunked_prefill:
                     break
@@ -209,16 +250,19 @@ class Scheduler:
             if new_blocks is None:
                 break
             self.waiting.pop_request()
-            self.running.append(request)
-            if request.status is RequestStatus.PREEMPTED:
-                plan.scheduled_resumed_reqs.append(request)
-            else:
-                plan.scheduled_new_reqs.append(request)
-            request.status = RequestStatus.RUNNING
-            request.num_computed_tokens = num_computed_tokens
-            if request.num_cached_tokens < 0:
-                request.num_cached_tokens = num_computed_tokens
+            self._admit(request, num_computed_tokens, plan)
             plan.schedule(request, num_new_tokens, new_blocks)
+
+    def _admit(self, request: Request, num_computed_tokens: int, plan: _StepPlan) -> None:
+        self.running.append(request)
+        if request.status is RequestStatus.PREEMPTED:
+            plan.scheduled_resumed_reqs.append(request)
+        else:
+            plan.scheduled_new_reqs.append(request)
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = num_computed_tokens
+        if request.num_cached_tokens < 0:
+            request.num_cached_tokens = num_computed_tokens
 
     def _make_scheduler_output(self, plan: _StepPlan) -> SchedulerOutput:
         """The step as a diff; token counts are taken before this step's tokens are added.
@@ -238,18 +282,16 @@ class Scheduler:
             )
             for request in plan.scheduled_new_reqs
         ]
-        cached_reqs_data = CachedRequestData()
-        rows = [(r, False) for r in plan.scheduled_running_reqs]
-        rows += [(r, True) for r in plan.scheduled_resumed_reqs]
-        for request, is_resumed in rows:
-            if is_resumed:
-                block_ids = manager.get_block_ids(request.request_id)
-            else:
-                block_ids = plan.new_blocks[request.request_id].get_block_ids()
-            cached_reqs_data.req_ids.append(request.request_id)
-            cached_reqs_data.resumed_from_preemption.append(is_resumed)
-            cached_reqs_data.new_block_ids.append(block_ids if any(block_ids) else None)
-            cached_reqs_data.num_computed_tokens.append(request.num_computed_tokens)
+        cached_reqs = plan.scheduled_running_reqs + plan.scheduled_resumed_reqs
+        new_blocks = [plan.new_blocks[r.request_id] for r in plan.scheduled_running_reqs]
+        cached_reqs_data = CachedRequestData(
+            req_ids=[request.request_id for request in cached_reqs],
+            resumed_from_preemption=[False] * len(new_blocks)
+            + [True] * len(plan.scheduled_resumed_reqs),
+            new_block_ids=[b.get_block_ids() if any(b.blocks) else None for b in new_blocks]
+            + [manager.get_block_ids(r.request_id) for r in plan.scheduled_resumed_reqs],
+            num_computed_tokens=[request.num_computed_tokens for request in cached_reqs],
+        )
         num_common_prefix_blocks = (0,)
         if self.running:
             num_common_prefix_blocks = manager.get_num_common_prefix_blocks(
@@ -266,58 +308,77 @@ class Scheduler:
 
     def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
         # Advancing now lets the next step be scheduled before this one's tokens are back.
+        requests = self.requests
         for req_id, num_scheduled_tokens in scheduler_output.num_scheduled_tokens.items():
-            self.requests[req_id].num_computed_tokens += num_scheduled_tokens
+            requests[req_id].num_computed_tokens += num_scheduled_tokens
         self.finished_req_ids = set()
+        if scheduler_output.total_num_scheduled_tokens:
+            self.num_steps += 1
+            self.num_scheduled_tokens += scheduler_output.total_num_scheduled_tokens
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
     ) -> EngineCoreOutputs:
         """Append the sampled tokens, finish requests that stop, and report what changed.
 
-        A request in a partial prefill samples nothing and gets no output this step.
+        A request in a partial prefill samples nothing and gets no output this step. A
+        request that finished after this step was scheduled (aborted, or stopped by an
+        earlier step under async scheduling) is gone, and its tokens are dropped.
         """
         outputs = []
-        stopped_req_ids = set()
+        stopped_running_ids, stopped_waiting = set(), []
+        requests = self.requests
+        req_id_to_index = model_runner_output.req_id_to_index
+        sampled_token_ids = model_runner_output.sampled_token_ids
         for req_id in scheduler_output.num_scheduled_tokens:
-            request = self.requests.get(req_id)
+            request = requests.get(req_id)
             if request is None:
-                continue  # aborted after it was scheduled
-            row = model_runner_output.req_id_to_index[req_id]
-            sampled_token_ids = model_runner_output.sampled_token_ids[row]
-            new_token_ids = self._append_output_token_ids(request, sampled_token_ids)
+                continue
+            was_running = request.status is RequestStatus.RUNNING
+            new_token_ids, stopped = self._update_request_with_output(
+                request, sampled_token_ids[req_id_to_index[req_id]]
+            )
             if not new_token_ids:
                 continue
-            if request.is_finished():
-                stopped_req_ids.add(req_id)
+            finish_reason = None
+            if stopped:
+                finish_reason = request.get_finished_reason()
                 self._free_request(request)
+                if was_running:
+                    stopped_running_ids.add(req_id)
+                else:
+                    stopped_waiting.append(request)
             outputs.append(
                 EngineCoreOutput(
-                    request_id=req_id,
-                    new_token_ids=new_token_ids,
-                    finish_reason=request.get_finished_reason(),
-                    stop_reason=request.stop_reason,
-                    num_cached_tokens=request.num_cached_tokens,
+                    req_id, new_token_ids, finish_reason, request.stop_reason, request.num_cached_tokens
                 )
             )
-        if stopped_req_ids:
-            self.running = [r for r in self.running if r.request_id not in stopped_req_ids]
+        if stopped_running_ids:
+            self.running = [r for r in self.running if r.request_id not in stopped_running_ids]
+        if stopped_waiting:
+            # Preempted while its last token was in flight (async scheduling only).
+            self.waiting.remove_requests(stopped_waiting)
         finished_requests = self._finished_req_ids_to_report
         self._finished_req_ids_to_report = set()
         return EngineCoreOutputs(outputs=outputs, finished_requests=finished_requests)
 
-    def _append_output_token_ids(self, request: Request, sampled_token_ids: list[int]) -> list[int]:
-        """Append tokens one by one up to the first that stops the request; return those kept."""
+    def _update_request_with_output(
+        self, request: Request, sampled_token_ids: list[int]
+    ) -> tuple[list[int], bool]:
+        """Append tokens one by one up to the first that stops the request.
+
+        Returns the tokens kept and whether the request stopped.
+        """
         for num_kept, token_id in enumerate(sampled_token_ids, start=1):
             request.append_output_token_ids(token_id)
             if check_stop(request, self.max_model_len):
-                return sampled_token_ids[:num_kept]
-        return list(sampled_token_ids)
+                return sampled_token_ids[:num_kept], True
+        return sampled_token_ids, False
 
     def finish_requests(
         self, request_ids: str | Iterable[str], finished_status: RequestStatus
     ) -> None:
-        """Finish requests from outside (aborts): their blocks are freed at once.
+        """Finish requests from outside (aborts) in any state: their blocks are freed at once.
 
         Unknown or already finished ids are ignored: a request may finish on its own while
         its abort is on the way.
@@ -354,6 +415,26 @@ class Scheduler:
     def get_request_counts(self) -> tuple[int, int]:
         """(running, waiting) request counts, for metrics."""
         return len(self.running), len(self.waiting)
+
+    def make_stats(self) -> SchedulerStats:
+        """Gauges now, and counts since the previous call (or since start, the first time)."""
+        totals = self._make_totals()
+        stats = totals.since(self._last_stats)
+        self._last_stats = totals
+        return stats
+
+    def _make_totals(self) -> SchedulerStats:
+        prefix_cache_stats = self.kv_cache_manager.prefix_cache_stats
+        return SchedulerStats(
+            num_running_reqs=len(self.running),
+            num_waiting_reqs=len(self.waiting),
+            kv_cache_usage=self.kv_cache_manager.usage,
+            num_steps=self.num_steps,
+            num_scheduled_tokens=self.num_scheduled_tokens,
+            num_preemptions=self.num_preemptions,
+            num_prefix_queried_tokens=prefix_cache_stats.num_queried_tokens,
+            num_prefix_hit_tokens=prefix_cache_stats.num_hit_tokens,
+        )
 
     def reset_prefix_cache(self) -> bool:
         return self.kv_cache_manager.reset_prefix_cache()
