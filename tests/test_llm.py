@@ -215,3 +215,13 @@ def test_mismatched_params_list_raises(large_llm):
 def test_bad_engine_args_raise(kwargs, argument):
     with pytest.raises(ValueError, match=argument):
         LLM(**kwargs)
+
+
+def test_stats_are_logged_when_enabled(large_llm, caplog, monkeypatch):
+    engine = large_llm.llm_engine
+    monkeypatch.setattr(engine, "log_stats", True)
+    monkeypatch.setattr(engine, "_last_stats_time", float("-inf"))
+    with caplog.at_level("INFO", logger="vjx.engine.llm_engine"):
+        large_llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "vjx.engine.llm_engine"]
+    assert line.startswith("Running: ") and "KV cache usage: " in line and "Prefix cache hit rate: " in line

@@ -45,6 +45,8 @@ class CacheConfig:
     """Number of KV blocks to allocate instead of sizing the pool from free memory."""
     enable_prefix_caching: bool
     """Reuse the KV blocks of identical prompt prefixes across requests."""
+    prefix_caching_hash_algo: str = "sha256"
+    """Hash of a full block's tokens for the prefix cache: "sha256" or "blake2b"."""
 
 
 @dataclasses.dataclass(frozen=True)

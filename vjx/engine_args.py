@@ -17,6 +17,7 @@ _DTYPES = {"float32": "float32", "float": "float32", "bfloat16": "bfloat16", "fl
 _LOAD_FORMATS = ("auto", "safetensors", "dummy")
 _BLOCK_SIZES = (8, 16, 32, 64, 128)
 _POLICIES = ("fcfs", "priority")
+_HASH_ALGOS = ("sha256", "blake2b")
 # CPU compiles are slow (2 cores in CI): a smaller default token budget keeps the bucket set
 # small. Accelerators take vLLM's offline default.
 _DEFAULT_BATCHED_TOKENS = {"cpu": 512}
@@ -43,11 +44,13 @@ class EngineArgs:
     max_num_seqs: int = _field(256, "Most requests in one step.")
     max_num_batched_tokens: int | None = _field(None, "Token budget of one step; 8192 on accelerators, 512 on CPU.")
     enable_prefix_caching: bool = _field(True, "Reuse KV blocks of shared prompt prefixes.")
+    prefix_caching_hash_algo: str = _field("sha256", f"Block hash of the prefix cache: one of {_HASH_ALGOS}.")
     enable_chunked_prefill: bool = _field(True, "Split long prompts over several steps.")
     long_prefill_token_threshold: int = _field(0, "Most prompt tokens a request computes per step; 0 = no cap.")
     scheduling_policy: str = _field("fcfs", f"One of {_POLICIES}: arrival order, or lower priority value first.")
     async_scheduling: bool | None = _field(None, "Plan the next step while the device runs this one; "
                                            "on by default on accelerators, off on CPU.")
+    disable_log_stats: bool = _field(False, "Do not log scheduler statistics every few seconds.")
     tensor_parallel_size: int = _field(1, "Devices to split the model over (only 1 so far).")
     load_format: str = _field("auto", f"How to read weights: one of {_LOAD_FORMATS}.")
     attention_backend: str | None = _field(None, "Attention backend name; the platform's default when None.")
@@ -88,6 +91,7 @@ class EngineArgs:
                 gpu_memory_utilization=self.gpu_memory_utilization,
                 num_gpu_blocks_override=self.num_gpu_blocks_override,
                 enable_prefix_caching=self.enable_prefix_caching,
+                prefix_caching_hash_algo=self.prefix_caching_hash_algo,
             ),
             scheduler_config=self._scheduler_config(max_model_len),
             parallel_config=ParallelConfig(tensor_parallel_size=self.tensor_parallel_size),
@@ -112,6 +116,11 @@ class EngineArgs:
             raise ValueError(f"scheduling_policy must be one of {_POLICIES}, got {self.scheduling_policy!r}.")
         if self.long_prefill_token_threshold < 0:
             raise ValueError(f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}.")
+        if self.long_prefill_token_threshold and not self.enable_chunked_prefill:
+            raise ValueError("long_prefill_token_threshold needs enable_chunked_prefill=True (it caps prompt chunks).")
+        if self.prefix_caching_hash_algo not in _HASH_ALGOS:
+            raise ValueError(f"prefix_caching_hash_algo must be one of {_HASH_ALGOS}, "
+                             f"got {self.prefix_caching_hash_algo!r}.")
         if self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {self.dtype!r}.")
 

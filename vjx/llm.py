@@ -37,6 +37,7 @@ class LLM:
         tensor_parallel_size: int = 1,
         load_format: str = "auto",
         attention_backend: str | None = None,
+        disable_log_stats: bool = True,
         **kwargs,
     ):
         explicit = {k: v for k, v in locals().items() if k not in ("self", "kwargs")}

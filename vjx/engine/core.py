@@ -9,6 +9,7 @@ from vjx.core.request import Request, RequestStatus
 from vjx.core.sched.async_scheduler import AsyncScheduler
 from vjx.core.sched.output import SchedulerOutput
 from vjx.core.sched.scheduler import Scheduler
+from vjx.core.sched.stats import SchedulerStats
 from vjx.engine.messages import EngineCoreOutputs, EngineCoreRequest
 from vjx.executor.abstract import Executor
 from vjx.executor.uniproc import UniProcExecutor
@@ -41,6 +42,9 @@ class EngineCore:
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    def make_stats(self) -> SchedulerStats:
+        return self.scheduler.make_stats()
 
     def _has_work(self) -> bool:
         return self.scheduler.has_unfinished_requests() or self.scheduler.has_finished_requests()

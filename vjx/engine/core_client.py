@@ -1,6 +1,7 @@
 """EngineCoreClient: how the front end reaches EngineCore (in this process, for now)."""
 
 from vjx.config import VjxConfig
+from vjx.core.sched.stats import SchedulerStats
 from vjx.engine.core import EngineCore
 from vjx.engine.messages import EngineCoreOutputs, EngineCoreRequest
 
@@ -17,6 +18,9 @@ class InprocClient:
     def abort_requests(self, request_ids: list[str]) -> None:
         if request_ids:
             self.engine_core.abort_requests(request_ids)
+
+    def make_stats(self) -> SchedulerStats:
+        return self.engine_core.make_stats()
 
     def get_output(self) -> EngineCoreOutputs:
         return self.engine_core.step_fn()

@@ -1,5 +1,8 @@
 """LLMEngine: the synchronous front end (tokenize, run EngineCore, detokenize)."""
 
+import logging
+import time
+
 import transformers
 
 from vjx.engine.core_client import InprocClient
@@ -8,6 +11,10 @@ from vjx.engine.output_processor import OutputProcessor
 from vjx.engine_args import EngineArgs
 from vjx.outputs import RequestOutput
 from vjx.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+_STATS_INTERVAL_S = 5.0
 
 
 class LLMEngine:
@@ -20,6 +27,8 @@ class LLMEngine:
         self.input_processor = InputProcessor(model_config, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.engine_core = InprocClient(self.config)
+        self.log_stats = not engine_args.disable_log_stats
+        self._last_stats_time = time.monotonic()
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
@@ -41,7 +50,15 @@ class LLMEngine:
         outputs = self.engine_core.get_output()
         processed = self.output_processor.process_outputs(outputs.outputs)
         self.engine_core.abort_requests(processed.reqs_to_abort)
+        if self.log_stats:
+            self._maybe_log_stats()
         return processed.request_outputs
+
+    def _maybe_log_stats(self) -> None:
+        now = time.monotonic()
+        if now - self._last_stats_time >= _STATS_INTERVAL_S:
+            self._last_stats_time = now
+            logger.info("%s", self.engine_core.make_stats())
 
     def has_unfinished_requests(self) -> bool:
         return self.output_processor.has_unfinished_requests()

@@ -118,6 +118,7 @@ class Scheduler:
             num_gpu_blocks=num_gpu_blocks,
             max_model_len=max_model_len,
             enable_caching=cache_config.enable_prefix_caching,
+            hash_algo=cache_config.prefix_caching_hash_algo,
         )
         self.requests: dict[str, Request] = {}
         self.running: list[Request] = []

@@ -1,0 +1,59 @@
+"""The Pallas GPU attention backend: vjx's own ragged paged attention kernels.
+
+Legend: T tokens, N query heads, K kv heads, H head dim, P pages, S page size.
+
+Its cache layout is `[2, K, P, S, H]` (index 0 keys, 1 values; one kv head's page is
+contiguous), unlike the reference's `[2, P, S, K, H]`. Off a GPU the kernels run in Pallas
+interpret mode, which is how CI tests them.
+"""
+
+import dataclasses
+from typing import ClassVar
+
+import jax
+from jaxtyping import Array, Float
+
+from vjx.attention.metadata import AttentionMetadata
+from vjx.kernels.kv_cache_write import write_kv_cache
+from vjx.kernels.ragged_paged_attention import Scoring, ragged_paged_attention
+from vjx.kernels.tuning import AttentionTuning
+
+
+@dataclasses.dataclass(frozen=True)
+class PallasGpuBackend:
+    """Hashable, so a model can hold it as a static field."""
+
+    name: ClassVar[str] = "pallas_gpu"
+    tuning: AttentionTuning | None = None
+    """Kernel knobs; None takes the per-head-dim defaults of vjx/kernels/tuning.py."""
+    interpret: bool | None = None
+    """Run the kernels in Pallas interpret mode; None means "unless the default device is a GPU"."""
+
+    def kv_cache_shape(
+        self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
+    ) -> tuple[int, ...]:
+        return (2, num_kv_heads, num_blocks, block_size, head_dim)
+
+    def forward(
+        self,
+        q: Float[Array, "T N H"],
+        k: Float[Array, "T K H"],
+        v: Float[Array, "T K H"],
+        kv_cache: Float[Array, "2 K P S H"],
+        md: AttentionMetadata,
+        *,
+        sm_scale: float,
+        sliding_window: int | None = None,
+        soft_cap: float | None = None,
+    ) -> tuple[Float[Array, "T N H"], Float[Array, "2 K P S H"]]:
+        """Writes k/v at `md.slot_mapping`, then attends every token to its row's keys."""
+        scoring = Scoring(sm_scale, sliding_window, soft_cap)
+        kv_cache = write_kv_cache(kv_cache, k, v, md.slot_mapping)
+        interpret = self.interpret
+        if interpret is None:
+            interpret = jax.default_backend() != "gpu"
+        out = ragged_paged_attention(
+            q, kv_cache, md.query_start_loc, md.seq_lens, md.block_tables, md.num_seqs,
+            scoring=scoring, tuning=self.tuning, interpret=interpret,
+        )
+        return out, kv_cache

@@ -1,0 +1,85 @@
+"""Tuning knobs of the ragged paged attention kernels, with per-shape defaults.
+
+A `KernelTuning` sets one launch's tile shape and Triton schedule; `AttentionTuning` holds
+the decode and prefill launches' knobs plus the split-KV policy. Every field is static (a
+change is a recompile), so both dataclasses are frozen and hashable.
+"""
+
+import dataclasses
+
+import jax.numpy as jnp
+from jax.typing import DTypeLike
+
+
+def _is_power_of_two(x: int) -> bool:
+    return x >= 1 and x & (x - 1) == 0
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelTuning:
+    """Tile shape and schedule of one `pallas_call`."""
+
+    block_m: int = 64
+    """Matmul rows per program: query tokens x the query heads of one KV head (power of two)."""
+    block_k: int = 64
+    """Keys per tile of the KV walk (power of two)."""
+    num_warps: int = 4
+    num_stages: int = 1
+    """Triton software-pipelining depth of the KV loop."""
+
+    def __post_init__(self):
+        for name in ("block_m", "block_k"):
+            value = getattr(self, name)
+            if not _is_power_of_two(value) or value < 16:
+                raise ValueError(f"{name} must be a power of two >= 16, got {value}.")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps}.")
+        if not 1 <= self.num_stages <= 6:
+            raise ValueError(f"num_stages must be in [1, 6], got {self.num_stages}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionTuning:
+    """Knobs of the decode launch (rows with one query token) and the prefill launch."""
+
+    decode: KernelTuning = KernelTuning(block_m=16, block_k=64)
+    """`block_m` is ignored for decode: its rows are the query heads of one KV head."""
+    prefill: KernelTuning = KernelTuning()
+    decode_programs: int = 64
+    """Target decode programs per KV head: a step with B decode rows splits each row's keys
+    into min(max_kv_splits, decode_programs // B) segments, so few long rows still fill the
+    GPU. The split count is computed on the device from `num_seqs` (no recompile)."""
+    max_kv_splits: int = 16
+
+    def __post_init__(self):
+        if self.decode_programs < 1:
+            raise ValueError(f"decode_programs must be >= 1, got {self.decode_programs}.")
+        if self.max_kv_splits < 1:
+            raise ValueError(f"max_kv_splits must be >= 1, got {self.max_kv_splits}.")
+
+
+# Defaults by head dim, tuned on an H200 (benchmarks/kernels/ sweeps the alternatives):
+# the tile area shrinks as head_dim grows so K, V, P and the accumulator stay in registers.
+_DEFAULTS = {
+    64: AttentionTuning(
+        decode=KernelTuning(block_m=16, block_k=128, num_warps=4, num_stages=2),
+        prefill=KernelTuning(block_m=128, block_k=64, num_warps=8, num_stages=2),
+    ),
+    128: AttentionTuning(
+        decode=KernelTuning(block_m=16, block_k=64, num_warps=4, num_stages=2),
+        prefill=KernelTuning(block_m=128, block_k=64, num_warps=8, num_stages=2),
+    ),
+    256: AttentionTuning(
+        decode=KernelTuning(block_m=16, block_k=32, num_warps=4, num_stages=2),
+        prefill=KernelTuning(block_m=64, block_k=32, num_warps=8, num_stages=2),
+    ),
+}
+
+
+def default_tuning(head_dim: int, dtype: DTypeLike) -> AttentionTuning:
+    """The tuned knobs of the nearest tabled head dim; float32 halves the prefill tile."""
+    tuning = _DEFAULTS[min(_DEFAULTS, key=lambda tabled: abs(tabled - head_dim))]
+    if jnp.dtype(dtype).itemsize > 2:
+        prefill = dataclasses.replace(tuning.prefill, block_m=max(16, tuning.prefill.block_m // 2))
+        tuning = dataclasses.replace(tuning, prefill=prefill)
+    return tuning
