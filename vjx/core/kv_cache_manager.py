@@ -63,6 +63,9 @@ class KVCacheManager:
         self.hash_fn = get_hash_fn_by_name(hash_algo)
         self.coordinator = get_kv_cache_coordinator(kv_cache_groups, num_gpu_blocks, enable_caching)
         self.block_pool: BlockPool = self.coordinator.block_pool
+        self._is_full_attention_only = all(
+            type(group.kv_cache_spec) is FullAttentionSpec for group in kv_cache_groups
+        )
 
     @property
     def usage(self) -> float:
@@ -125,6 +128,8 @@ class KVCacheManager:
             raise ValueError(f"num_new_tokens must be at least 1, got {num_new_tokens}.")
         request_id = request.request_id
         coordinator = self.coordinator
+        if new_computed_blocks is None and self._holds_slots_for(request, num_new_tokens):
+            return KVCacheBlocks(coordinator.empty_blocks())
         if new_computed_blocks is None:
             hit_blocks = coordinator.empty_blocks()
         else:
@@ -154,6 +159,20 @@ class KVCacheManager:
                 self._update_block_hashes(request)
             coordinator.cache_blocks(request_id, request.block_hashes, num_tokens_to_cache)
         return KVCacheBlocks(new_blocks)
+
+    def _holds_slots_for(self, request: Request, num_new_tokens: int) -> bool:
+        """The common decode step: the held blocks cover the new tokens and none fills up.
+
+        Then there is nothing to allocate, free or cache, and the general path is skipped.
+        """
+        blocks = self.req_to_blocks.get(request.request_id) if self._is_full_attention_only else None
+        if blocks is None:
+            return False
+        end = min(request.num_computed_tokens + num_new_tokens, self.max_model_len)
+        if end > len(blocks) * self.block_size:
+            return False
+        num_full_blocks = min(end, request.num_tokens) // self.block_size
+        return not self.enable_caching or num_full_blocks <= self.num_cached_block[request.request_id]
 
     def _update_block_hashes(self, request: Request) -> None:
         request.block_hashes.extend(
