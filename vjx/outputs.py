@@ -5,6 +5,36 @@ from collections.abc import Callable
 
 
 @dataclasses.dataclass
+class Logprob:
+    """One candidate token's log probability at one position (vLLM's `Logprob`)."""
+
+    logprob: float
+    rank: int | None = None
+    """1-based rank in the vocabulary at that position (1 = most likely)."""
+    decoded_token: str | None = None
+
+
+SampleLogprobs = list[dict[int, Logprob]]
+"""Per generated token: {token id: Logprob} for the sampled token and the top candidates."""
+PromptLogprobs = list[dict[int, Logprob] | None]
+"""Per prompt token: as above with the prompt token in place of the sampled one; None first."""
+
+
+@dataclasses.dataclass
+class LogprobsLists:
+    """Logprobs of several positions as host lists, as they leave the engine core.
+
+    Row i is one position: `logprob_token_ids[i][0]` is the chosen (sampled or prompt) token
+    and the rest are the top candidates, best first; `logprobs[i]` matches it;
+    `sampled_token_ranks[i]` is the chosen token's 1-based rank.
+    """
+
+    logprob_token_ids: list[list[int]]
+    logprobs: list[list[float]]
+    sampled_token_ranks: list[int]
+
+
+@dataclasses.dataclass
 class CompletionOutput:
     """One completion of a request."""
 

@@ -6,6 +6,7 @@ Plain data, no behaviour: the scheduler builds outputs, the output processor rea
 import dataclasses
 import enum
 
+from vjx.outputs import LogprobsLists
 from vjx.sampling_params import SamplingParams
 
 
@@ -40,6 +41,11 @@ class EngineCoreOutput:
 
     request_id: str
     new_token_ids: list[int]
+    new_logprobs: LogprobsLists | None = None
+    """One row per new token, when the request asked for `logprobs`."""
+    new_prompt_logprobs: LogprobsLists | None = None
+    """One row per prompt token after the first, when it asked for `prompt_logprobs`; sent
+    once, with the request's first output."""
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
