@@ -27,6 +27,8 @@ class ModelConfig:
     """Seed for dummy weights and for requests that give no seed of their own."""
     load_format: str
     """"auto" (safetensors), "safetensors" or "dummy" (random weights of the real shapes)."""
+    max_logprobs: int = 20
+    """Most `logprobs` / `prompt_logprobs` a request may ask for (the step returns this many)."""
 
     @property
     def architecture(self) -> str:
@@ -87,4 +89,4 @@ class VjxConfig:
     scheduler_config: SchedulerConfig
     parallel_config: ParallelConfig
     attention_backend: str
-    """Name in the attention backend registry: "reference" or "pallas_gpu"."""
+    """Name in the attention backend registry: "reference", "pallas_gpu" or "pallas_tpu"."""

@@ -11,6 +11,7 @@ import typing
 import jax
 import transformers
 
+from vjx.attention.backend import default_backend_name
 from vjx.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, VjxConfig
 
 _DTYPES = {"float32": "float32", "float": "float32", "bfloat16": "bfloat16", "float16": "float16", "half": "float16"}
@@ -53,6 +54,7 @@ class EngineArgs:
     disable_log_stats: bool = _field(False, "Do not log scheduler statistics every few seconds.")
     tensor_parallel_size: int = _field(1, "Devices to split the model over (only 1 so far).")
     load_format: str = _field("auto", f"How to read weights: one of {_LOAD_FORMATS}.")
+    max_logprobs: int = _field(20, "Most logprobs (and prompt logprobs) a request may ask for.")
     attention_backend: str | None = _field(None, "Attention backend name; the platform's default when None.")
 
     @classmethod
@@ -83,6 +85,7 @@ class EngineArgs:
             max_model_len=max_model_len,
             seed=self.seed,
             load_format=self.load_format,
+            max_logprobs=self.max_logprobs,
         )
         return VjxConfig(
             model_config=model_config,
@@ -95,7 +98,7 @@ class EngineArgs:
             ),
             scheduler_config=self._scheduler_config(max_model_len),
             parallel_config=ParallelConfig(tensor_parallel_size=self.tensor_parallel_size),
-            attention_backend=self.attention_backend or "reference",
+            attention_backend=self.attention_backend or default_backend_name(),
         )
 
     def _verify_args(self) -> None:
@@ -112,6 +115,8 @@ class EngineArgs:
                              f"got {self.tensor_parallel_size}.")
         if self.load_format not in _LOAD_FORMATS:
             raise ValueError(f"load_format must be one of {_LOAD_FORMATS}, got {self.load_format!r}.")
+        if self.max_logprobs < 0:
+            raise ValueError(f"max_logprobs must be >= 0, got {self.max_logprobs}.")
         if self.scheduling_policy not in _POLICIES:
             raise ValueError(f"scheduling_policy must be one of {_POLICIES}, got {self.scheduling_policy!r}.")
         if self.long_prefill_token_threshold < 0:

@@ -5,6 +5,7 @@ from collections.abc import Sequence
 
 from tqdm.auto import tqdm
 
+from vjx.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from vjx.engine.llm_engine import LLMEngine
 from vjx.engine_args import EngineArgs
 from vjx.outputs import RequestOutput
@@ -85,6 +86,24 @@ class LLM:
             )
             prompts.append({"prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)})
         return self.generate(prompts, sampling_params, use_tqdm)
+
+    def beam_search(self, prompts, params: BeamSearchParams) -> list[BeamSearchOutput]:
+        """Beam search over each prompt (vLLM's `LLM.beam_search`); outputs in prompt order.
+
+        Each step runs one `generate` of a single token per live beam, asking for
+        `2 * beam_width` logprobs, so `beam_width` may be at most half the engine's
+        `max_logprobs`.
+        """
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        engine = self.llm_engine
+        search = BeamSearch(
+            generate=lambda beams, sp: self.generate(beams, sp, use_tqdm=False),
+            tokenizer=self.get_tokenizer(),
+            eos_token_id=engine.input_processor.eos_token_id,
+            max_model_len=engine.config.model_config.max_model_len,
+        )
+        return search.run(list(prompts), params)
 
     @staticmethod
     def _params_per_prompt(num_prompts: int, sampling_params) -> list[SamplingParams]:

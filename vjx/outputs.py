@@ -75,6 +75,10 @@ class ModelRunnerOutput:
     req_id_to_index: dict[str, int]
     sampled_token_ids: list[list[int]]
     """Per row, the tokens sampled this step: one token, or none for a partial prefill."""
+    logprobs: dict[str, LogprobsLists] = dataclasses.field(default_factory=dict)
+    """For requests that asked for logprobs and sampled: one row per sampled token."""
+    prompt_logprobs: dict[str, LogprobsLists] = dataclasses.field(default_factory=dict)
+    """For requests that asked for prompt logprobs, once their whole prompt is computed."""
 
 
 @dataclasses.dataclass

@@ -5,6 +5,8 @@ import enum
 
 _SAMPLING_EPS = 1e-5
 _MAX_LOGIT_BIAS = 100.0
+MAX_MIN_TOKENS_STOP_IDS = 16
+"""Stop ids (EOS included) the step can hold back while a request is below `min_tokens`."""
 
 
 class RequestOutputKind(enum.Enum):
@@ -104,6 +106,11 @@ class SamplingParams:
             raise ValueError("stop strings are only supported when detokenize is True.")
         if any(t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be non-negative, got {self.stop_token_ids}.")
+        if self.min_tokens and len(self.stop_token_ids) > MAX_MIN_TOKENS_STOP_IDS - 1:
+            raise ValueError(
+                f"stop_token_ids may hold at most {MAX_MIN_TOKENS_STOP_IDS - 1} ids when min_tokens > 0, "
+                f"got {len(self.stop_token_ids)}."
+            )
 
     def _verify_outputs(self) -> None:
         for name in ("logprobs", "prompt_logprobs"):

@@ -1,9 +1,12 @@
 """InputProcessor: tokenization, validation errors, and the caller's params left alone."""
 
+import dataclasses
+
 import pytest
 
 from tests.engine.test_output_processor import BOS, EOS, make_tokenizer
 from vjx.config import ModelConfig
+from vjx.engine import input_processor
 from vjx.engine.input_processor import InputProcessor
 from vjx.sampling_params import SamplingParams
 
@@ -83,3 +86,74 @@ def test_eos_token_id_override(processor):
     override = InputProcessor(processor.model_config, processor.tokenizer, eos_token_id=42)
     request, _ = override.process_inputs("r", "Hello", SamplingParams())
     assert request.eos_token_id == 42
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens(processor):
+    params = SamplingParams(max_tokens=None, truncate_prompt_tokens=3)
+    request, prompt = processor.process_inputs("r", "Hello world", params)
+    assert prompt == "Hello world"
+    assert request.prompt_token_ids == [88, 291, 288]  # "w", "or", "ld"
+    assert request.sampling_params.max_tokens == MAX_MODEL_LEN - 3
+    request, _ = processor.process_inputs("r", {"prompt_token_ids": [5, 6]}, params)
+    assert request.prompt_token_ids == [5, 6]
+    # The prompt's length is checked after truncation.
+    long_prompt = {"prompt_token_ids": list(range(2 * MAX_MODEL_LEN))}
+    request, _ = processor.process_inputs("r", long_prompt, SamplingParams(truncate_prompt_tokens=MAX_MODEL_LEN - 1))
+    assert request.prompt_token_ids == list(range(MAX_MODEL_LEN + 1, 2 * MAX_MODEL_LEN))
+
+
+def test_n_and_detokenize_pass_through(processor):
+    params = SamplingParams(n=3, seed=1, detokenize=False)
+    request, _ = processor.process_inputs("r", "Hello", params)
+    copy = request.sampling_params
+    assert (copy.n, copy.seed, copy.detokenize) == (3, 1, False)
+
+
+@pytest.mark.parametrize("name", ["logprobs", "prompt_logprobs"])
+def test_logprobs_above_the_cap_raise(processor, name, monkeypatch):
+    assert processor.max_logprobs == 20
+    with pytest.raises(ValueError, match=rf"{name}=21 is more than max_logprobs=20 allows: ask for at most 20\."):
+        processor.process_inputs("r", "Hello", SamplingParams(**{name: 21}))
+    monkeypatch.delitem(input_processor._UNSUPPORTED_DEFAULTS, name, raising=False)
+    request, _ = processor.process_inputs("r", "Hello", SamplingParams(**{name: 20}))
+    assert getattr(request.sampling_params, name) == 20
+
+
+def test_the_cap_comes_from_the_model_config(processor):
+    config = dataclasses.replace(processor.model_config, max_logprobs=2)
+    with pytest.raises(ValueError, match=r"logprobs=3 is more than max_logprobs=2"):
+        InputProcessor(config, processor.tokenizer).process_inputs("r", "Hello", SamplingParams(logprobs=3))
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"logit_bias": {5: 1.0, 300: -1.0}}, r"logit_bias contains token id 300, out of the .* \[0, 300\)"),
+        ({"logit_bias": {-1: 1.0}}, r"logit_bias contains token id -1, out of the vocabulary range \[0, 300\)"),
+        ({"allowed_token_ids": [1, 2, 300]}, r"allowed_token_ids contains token id 300, .* \[0, 300\)"),
+        ({"allowed_token_ids": [-3]}, r"allowed_token_ids contains token id -3, .* \[0, 300\)"),
+    ],
+)
+def test_token_ids_out_of_the_vocabulary_raise(processor, params, message):
+    with pytest.raises(ValueError, match=message):
+        processor.process_inputs("r", "Hello", SamplingParams(**params))
+
+
+def test_bad_words_are_tokenized_with_and_without_a_leading_space(processor):
+    # "hello" starts with " he" after a space (one token either way): both spellings are banned.
+    # "Stop" after a space is " " + "Stop" (one token more): only the plain one.
+    assert processor.tokenize_bad_words(["hello", " Stop", "the", "world"]) == [
+        [258, 272],
+        [269, 272],
+        [274],
+        [264],
+        [270],
+        [88, 291, 288],
+    ]
+    assert processor.tokenize_bad_words([]) == []
+
+
+def test_blank_bad_words_raise(processor):
+    with pytest.raises(ValueError, match=r"bad_words must hold non-blank words, got \['ok', ' '\]"):
+        processor.process_inputs("r", "Hello", SamplingParams(bad_words=["ok", " "]))
+

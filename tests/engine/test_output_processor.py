@@ -42,11 +42,6 @@ def make_tokenizer() -> transformers.PreTrainedTokenizerFast:
     return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>")
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    return make_tokenizer()
-
-
 def _ids(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 

@@ -1,4 +1,7 @@
-"""The on-device sampler against numpy: argmax, sort-based top-k/top-p sets, seeded draws."""
+"""The on-device sampler against numpy: argmax of the processed logits, sort-based
+top-k/top-p sets, min-p support, seeded draws and their frequencies."""
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -6,7 +9,7 @@ import numpy as np
 import pytest
 from jaxtyping import install_import_hook
 
-from vjx.sampling.metadata import SamplingMetadata
+from tests.sampling.metadata_helpers import make_metadata, pad_rows, reference_penalties
 
 # The metadata stays unchecked: `jit(...).lower` rebuilds pytrees with placeholder leaves.
 with install_import_hook("vjx.sampling.sampler", "beartype.beartype"):
@@ -17,17 +20,10 @@ _sample = jax.jit(sample)
 _apply_top_k_top_p = jax.jit(apply_top_k_top_p)
 
 
-def _md(num_rows, temperature=1.0, top_k=0, top_p=1.0, seeds=0, positions=0, all_greedy=False):
-    def full(value, dtype):
-        return jnp.asarray(np.broadcast_to(np.asarray(value, dtype), (num_rows,)))
-
-    return SamplingMetadata(
-        temperature=full(temperature, np.float32),
-        top_k=full(top_k, np.int32),
-        top_p=full(top_p, np.float32),
-        seeds=full(seeds, np.int32),
-        positions=full(positions, np.int32),
-        all_greedy=all_greedy,
+def _md(num_rows, temperature=1.0, top_k=0, top_p=1.0, seeds=0, positions=0, all_greedy=False, vocab_size=V):
+    return make_metadata(
+        num_rows, vocab_size, temperature=temperature, top_k=top_k, top_p=top_p, seeds=seeds,
+        positions=positions, all_greedy=all_greedy,
     )
 
 
@@ -67,7 +63,7 @@ def _params(num_rows):
     return top_k, top_p
 
 
-def test_greedy_rows_take_the_argmax_of_the_raw_logits():
+def test_greedy_rows_without_processors_take_the_argmax_of_the_raw_logits():
     logits = np.random.default_rng(0).normal(size=(16, V)).astype(np.float32)
     temperature = np.where(np.arange(16) % 2 == 0, 0.0, 1.0)
     tokens = np.asarray(_sample(logits, _md(16, temperature, seeds=np.arange(16))))
@@ -77,7 +73,7 @@ def test_greedy_rows_take_the_argmax_of_the_raw_logits():
     np.testing.assert_array_equal(all_greedy, logits.argmax(-1))
 
 
-def test_all_greedy_compiles_to_argmax_alone():
+def test_all_greedy_compiles_without_the_draw():
     jaxpr = str(jax.make_jaxpr(sample)(jnp.zeros((4, V)), _md(4, 0.0, all_greedy=True)))
     assert "argmax" in jaxpr
     assert "random" not in jaxpr and "threefry" not in jaxpr
@@ -161,7 +157,7 @@ def test_draws_follow_the_filtered_softmax():
     settings = [(3, 1.0, 42), (0, 0.9, 7)]
     top_k, top_p, seeds = (np.repeat(column, num_draws) for column in zip(*settings))
     positions = np.tile(np.arange(num_draws), len(settings))
-    md = _md(len(positions), temperature, top_k, top_p, seeds, positions)
+    md = _md(len(positions), temperature, top_k, top_p, seeds, positions, vocab_size=len(logits))
     tokens = np.asarray(_sample(np.tile(logits, (len(positions), 1)), md)).reshape(2, num_draws)
     for tokens_of_setting, (k, p, _) in zip(tokens, settings):
         kept = _reference_kept(logits / temperature, k, p)
@@ -183,3 +179,78 @@ def test_very_negative_logits_make_no_nan():
     tokens = np.asarray(_sample(logits, md))
     assert tokens[0] == 5 and tokens[1] == 9 and tokens[3] in (4, 5)
     assert 0 <= tokens[2] < V
+
+
+def test_greedy_takes_the_argmax_of_the_processed_logits():
+    rng = np.random.default_rng(6)
+    num_rows = 16
+    logits = rng.normal(size=(num_rows, V)).astype(np.float32)
+    top = logits.argmax(-1)
+    # Rows 0-7: the top token was said before, penalized below the second; rows 8-15: a bias
+    # lifts token 0 over the top.
+    histories = [([int(t)], [int(t)]) for t in top[:8]] + [([1], [])] * 8
+    bias = np.zeros((num_rows, V), np.float32)
+    bias[8:, 0] = 10.0
+    md = make_metadata(
+        num_rows, V, temperature=np.resize([0.0, 0.9], num_rows), seeds=np.arange(num_rows),
+        token_ids=pad_rows([p + o for p, o in histories], 0), num_tokens=[len(p + o) for p, o in histories],
+        num_prompt_tokens=[len(p) for p, _ in histories], repetition_penalty=[4.0] * 8 + [1.0] * 8,
+        presence_penalty=[1.0] * 8 + [0.0] * 8, logit_bias=bias, has_logit_bias=[False] * 8 + [True] * 8,
+    )
+    penalized = [reference_penalties(logits[r], p, o, 1.0, 0.0, 4.0) for r, (p, o) in enumerate(histories[:8])]
+    expected = np.concatenate([np.stack(penalized), logits[8:] + bias[8:]]).argmax(-1)
+    assert (expected != top).all()
+    tokens = np.asarray(_sample(logits, md))
+    np.testing.assert_array_equal(tokens[::2], expected[::2])
+    greedy_md = make_metadata(num_rows, V, temperature=0.0, all_greedy=True)
+    np.testing.assert_array_equal(_sample(logits, greedy_md), top)
+
+
+def test_every_row_greedy_at_run_time_gives_the_static_answer():
+    logits = np.random.default_rng(7).normal(size=(8, V)).astype(np.float32)
+    dynamic = _sample(logits, _md(8, temperature=0.0, top_k=3, top_p=0.5))
+    np.testing.assert_array_equal(dynamic, _sample(logits, _md(8, temperature=0.0, all_greedy=True)))
+
+
+@pytest.mark.parametrize(("temperature", "min_p"), [(1.0, 0.2), (0.5, 0.2), (2.0, 0.6)])
+def test_min_p_draws_exactly_the_tokens_above_min_p_times_the_max(temperature, min_p):
+    probs = np.full(V, 0.001)
+    probs[:6] = [0.4, 0.2, 0.12, 0.1, 0.079, 0.05]
+    logits = np.log(probs).astype(np.float32)
+    scaled = logits.astype(np.float64) / temperature
+    expected = set(np.flatnonzero(np.exp(scaled - scaled.max()) >= min_p).tolist())
+    num_draws = 2000
+    md = _md(num_draws, temperature, seeds=11, positions=np.arange(num_draws))
+    md = dataclasses.replace(md, min_p=jnp.full(num_draws, min_p, jnp.float32))
+    tokens = np.asarray(_sample(np.tile(logits, (num_draws, 1)), md))
+    assert set(tokens.tolist()) == expected
+
+
+def test_temperature_scales_the_softmax_chi_square():
+    logits = np.array([1.0, 0.5, 0.2, 0.0, -0.3, -0.6, -1.0, -1.5], np.float32)
+    num_draws = 20000
+    critical = 24.32  # chi-square, 7 degrees of freedom, p = 0.001
+    for seed, temperature in enumerate([0.5, 1.0, 2.0]):
+        md = _md(num_draws, temperature, seeds=seed, positions=np.arange(num_draws), vocab_size=len(logits))
+        tokens = np.asarray(_sample(np.tile(logits, (num_draws, 1)), md))
+        expected = np.exp(logits / temperature)
+        expected = expected / expected.sum() * num_draws
+        observed = np.bincount(tokens, minlength=len(logits))
+        chi_square = ((observed - expected) ** 2 / expected).sum()
+        assert chi_square < critical, f"temperature {temperature}: chi-square {chi_square:.1f}"
+
+
+def test_rows_masked_to_one_token_draw_it_without_nan():
+    num_rows = 8
+    logits = np.random.default_rng(8).normal(size=(num_rows, V)).astype(np.float32) * 5
+    allowed = np.arange(num_rows) * 3 + 1
+    bias = np.full((num_rows, V), -np.inf, np.float32)
+    bias[np.arange(num_rows), allowed] = 0.0
+    md = make_metadata(
+        num_rows, V, temperature=np.resize([0.0, 0.7, 1.5, 0.05], num_rows), top_k=np.resize([0, 1, 3], num_rows),
+        top_p=np.resize([1.0, 0.3], num_rows), min_p=np.resize([0.0, 0.5, 1.0], num_rows),
+        seeds=np.arange(num_rows), token_ids=allowed[:, None], num_prompt_tokens=0, num_tokens=1,
+        repetition_penalty=1.5, frequency_penalty=2.0, presence_penalty=-2.0, logit_bias=bias,
+        has_logit_bias=True,
+    )
+    np.testing.assert_array_equal(_sample(logits, md), allowed)

@@ -2,6 +2,7 @@
 
 from typing import Protocol, runtime_checkable
 
+import jax
 from jaxtyping import Array, Float
 
 from vjx.attention.metadata import AttentionMetadata
@@ -39,16 +40,26 @@ class AttentionBackend(Protocol):
         ...
 
 
+_PLATFORM_DEFAULTS = {"gpu": "pallas_gpu", "tpu": "pallas_tpu", "cpu": "reference"}
+
+
 def _backends() -> dict[str, type]:
+    from vjx.attention.pallas_gpu import PallasGpuBackend
+    from vjx.attention.pallas_tpu import PallasTpuBackend
     from vjx.attention.reference import ReferenceBackend
 
-    return {ReferenceBackend.name: ReferenceBackend}
+    return {b.name: b for b in (ReferenceBackend, PallasGpuBackend, PallasTpuBackend)}
+
+
+def default_backend_name() -> str:
+    """The platform's backend: Pallas kernels on GPU and TPU, the jnp reference on CPU."""
+    return _PLATFORM_DEFAULTS.get(jax.default_backend(), "reference")
 
 
 def get_attention_backend(name: str | None) -> AttentionBackend:
-    """The backend called `name`; None means the reference backend, the only one so far."""
+    """The backend called `name`; None means the platform's default."""
     backends = _backends()
-    name = name or "reference"
+    name = name or default_backend_name()
     if name not in backends:
         raise ValueError(f"attention_backend must be one of {sorted(backends)}, got {name!r}.")
     return backends[name]()

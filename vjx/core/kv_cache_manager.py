@@ -90,9 +90,10 @@ class KVCacheManager:
 
         The hit stops at least one token short of the request's end: the last token must be
         computed again for its logits. For a new request that caps the hit at
-        `prompt_len - 1` tokens; a preempted one may also hit its own output blocks.
+        `prompt_len - 1` tokens; a preempted one may also hit its own output blocks. A
+        request that wants prompt logprobs gets no hit: every prompt token must be computed.
         """
-        if not self.enable_caching:
+        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
             return KVCacheBlocks(self.coordinator.empty_blocks()), 0
         self._update_block_hashes(request)
         hit_blocks, num_computed_tokens = self.coordinator.find_longest_cache_hit(

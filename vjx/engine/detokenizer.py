@@ -43,17 +43,19 @@ class IncrementalDetokenizer:
     `update` appends the tokens of one step and finds stop strings; `get_next_output_text`
     gives what may be shown now: while streaming, the last `max(len(stop)) - 1` characters
     are held back, so a stop string that is still being generated is never shown.
+    With `detokenize=False` it only keeps the token ids and the text stays "".
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, request: EngineCoreRequest):
         params = request.sampling_params
+        self.detokenize = params.detokenize
         self.stop: list[str] = list(params.stop)
         self.include_stop_str_in_output = params.include_stop_str_in_output
         self.min_tokens = params.min_tokens
         self.output_text = ""
         self._decode = _make_decode(tokenizer, params.skip_special_tokens)
-        context = list(request.prompt_token_ids[-_NUM_CONTEXT_TOKENS:])
-        if self._decode(context).endswith(_REPLACEMENT_CHAR):
+        context = list(request.prompt_token_ids[-_NUM_CONTEXT_TOKENS:]) if self.detokenize else []
+        if context and self._decode(context).endswith(_REPLACEMENT_CHAR):
             # A prompt cut inside a character would glue its bytes to the first output token.
             context = []
         self._token_ids = context
@@ -81,6 +83,10 @@ class IncrementalDetokenizer:
         dropped. A request EngineCore stopped (EOS or a stop token id) keeps that last
         token's id but not its text, unless `include_stop_str_in_output`.
         """
+        if not self.detokenize:
+            # SamplingParams refuses stop strings without detokenization: nothing to find.
+            self._token_ids.extend(new_token_ids)
+            return None
         decoded_ids = list(new_token_ids)
         skipped_stop_token_id = None
         if finish_reason == FinishReason.STOP and not self.include_stop_str_in_output and decoded_ids:

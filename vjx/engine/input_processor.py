@@ -28,11 +28,13 @@ class InputProcessor:
         tokenizer: PreTrainedTokenizerBase,
         eos_token_id: int | None = None,
     ):
-        """`eos_token_id` overrides the tokenizer's (e.g. from the model's generation config)."""
+        """`eos_token_id` overrides the tokenizer's (e.g. from the model's generation config).
+        `model_config.max_logprobs` caps `logprobs` and `prompt_logprobs`."""
         self.model_config = model_config
         self.tokenizer = tokenizer
         self.eos_token_id = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
         self.vocab_size = len(tokenizer)
+        self.max_logprobs = model_config.max_logprobs
 
     def process_inputs(
         self,
@@ -45,8 +47,11 @@ class InputProcessor:
         """Returns the request for EngineCore and the prompt's text (None for token prompts).
 
         The request owns a copy of `params` (with `max_tokens` filled in when it is None),
-        so the caller may reuse or change theirs.
+        so the caller may reuse or change theirs. With `truncate_prompt_tokens=k` only the
+        prompt's last k tokens run; the text returned is still the whole prompt.
         """
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}.")
         cache_salt = None
         if isinstance(prompt, dict) and "cache_salt" in prompt:
             prompt = dict(prompt)
@@ -54,6 +59,8 @@ class InputProcessor:
             if not isinstance(cache_salt, str) or not cache_salt:
                 raise ValueError(f"cache_salt must be a non-empty string, got {cache_salt!r}.")
         prompt_text, prompt_token_ids = self._tokenize(prompt)
+        if params.truncate_prompt_tokens is not None:
+            prompt_token_ids = prompt_token_ids[-params.truncate_prompt_tokens :]
         self._validate_prompt(prompt_token_ids)
         params = self._validate_params(params, len(prompt_token_ids))
         request = EngineCoreRequest(
@@ -88,12 +95,7 @@ class InputProcessor:
     def _validate_prompt(self, prompt_token_ids: list[int]) -> None:
         if not prompt_token_ids:
             raise ValueError("prompt cannot be empty: it must have at least 1 token.")
-        bad_ids = [t for t in prompt_token_ids if not 0 <= t < self.vocab_size]
-        if bad_ids:
-            raise ValueError(
-                f"prompt_token_ids contains token id {bad_ids[0]}, out of the vocabulary "
-                f"range [0, {self.vocab_size})."
-            )
+        self._check_token_ids("prompt_token_ids", prompt_token_ids)
         max_model_len = self.model_config.max_model_len
         if len(prompt_token_ids) >= max_model_len:
             raise ValueError(
@@ -103,16 +105,20 @@ class InputProcessor:
             )
 
     def _validate_params(self, params: SamplingParams, num_prompt_tokens: int) -> SamplingParams:
-        """A copy of `params`, checked against the vocabulary and with `max_tokens` set."""
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}.")
+        """A copy of `params`, checked against the vocabulary and the logprobs cap, with
+        `max_tokens` set."""
+        self._check_token_ids("stop_token_ids", params.stop_token_ids)
+        self._check_token_ids("logit_bias", list(params.logit_bias or {}))
+        self._check_token_ids("allowed_token_ids", params.allowed_token_ids or [])
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > self.max_logprobs:
+                raise ValueError(
+                    f"{name}={value} is more than max_logprobs={self.max_logprobs} allows: "
+                    f"ask for at most {self.max_logprobs}."
+                )
+        self.tokenize_bad_words(params.bad_words)  # raises on blank or out-of-vocabulary words
         _reject_unsupported(params)
-        bad_ids = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
-        if bad_ids:
-            raise ValueError(
-                f"stop_token_ids contains token id {bad_ids[0]}, out of the vocabulary "
-                f"range [0, {self.vocab_size})."
-            )
         max_tokens = params.max_tokens
         if max_tokens is None:
             max_tokens = self.model_config.max_model_len - num_prompt_tokens
@@ -123,10 +129,34 @@ class InputProcessor:
             max_tokens=max_tokens,
         )
 
+    def _check_token_ids(self, name: str, token_ids: list[int]) -> None:
+        bad_ids = [t for t in token_ids if not 0 <= t < self.vocab_size]
+        if bad_ids:
+            raise ValueError(
+                f"{name} contains token id {bad_ids[0]}, out of the vocabulary range [0, {self.vocab_size})."
+            )
+
+    def tokenize_bad_words(self, bad_words: list[str]) -> list[list[int]]:
+        """The token ids of each bad word, as vLLM bans them: the word as it would start the
+        text, and also after a space when that gives a different first token but as many
+        tokens (a leading-space variant of the same word)."""
+        token_ids: list[list[int]] = []
+        for word in bad_words:
+            word = word.lstrip()
+            if not word:
+                raise ValueError(f"bad_words must hold non-blank words, got {bad_words!r}.")
+            plain = self.tokenizer.encode(word, add_special_tokens=False)
+            token_ids.append(plain)
+            spaced = self.tokenizer.encode(" " + word, add_special_tokens=False)
+            if spaced[0] != plain[0] and len(spaced) == len(plain):
+                token_ids.append(spaced)
+        for ids in token_ids:
+            self._check_token_ids("bad_words", ids)
+        return token_ids
+
 
 # Fields whose non-default value the engine cannot honour yet: refused, never ignored.
 _UNSUPPORTED_DEFAULTS = {
-    "n": 1,
     "presence_penalty": 0.0,
     "frequency_penalty": 0.0,
     "repetition_penalty": 1.0,
@@ -136,7 +166,6 @@ _UNSUPPORTED_DEFAULTS = {
     "logit_bias": None,
     "allowed_token_ids": None,
     "bad_words": [],
-    "truncate_prompt_tokens": None,
 }
 
 

@@ -8,6 +8,7 @@ import transformers
 from vjx.engine.core_client import InprocClient
 from vjx.engine.input_processor import InputProcessor
 from vjx.engine.output_processor import OutputProcessor
+from vjx.engine.parallel_sampling import ParentRequest
 from vjx.engine_args import EngineArgs
 from vjx.outputs import RequestOutput
 from vjx.sampling_params import SamplingParams
@@ -38,13 +39,22 @@ class LLMEngine:
         return self.tokenizer
 
     def add_request(self, request_id: str, prompt, params: SamplingParams, priority: int = 0) -> None:
+        """Adds a request; one with `n > 1` runs as n child requests, seen as one."""
         request, prompt_text = self.input_processor.process_inputs(request_id, prompt, params, priority=priority)
-        self.output_processor.add_request(request, prompt_text)
-        self.engine_core.add_request(request)
+        if request.sampling_params.n == 1:
+            self.output_processor.add_request(request, prompt_text)
+            self.engine_core.add_request(request)
+            return
+        parent = ParentRequest(request, prompt_text)
+        self.output_processor.add_parent_request(parent)
+        for index in range(parent.sampling_params.n):
+            child = parent.make_child_request(index)
+            self.output_processor.add_request(child, prompt_text, parent, index)
+            self.engine_core.add_request(child)
 
     def abort_request(self, request_ids: list[str]) -> None:
-        self.output_processor.abort_requests(request_ids)
-        self.engine_core.abort_requests(request_ids)
+        """Aborts unfinished requests (a parent's id aborts all its children)."""
+        self.engine_core.abort_requests(self.output_processor.abort_requests(request_ids))
 
     def step(self) -> list[RequestOutput]:
         outputs = self.engine_core.get_output()

@@ -41,14 +41,14 @@ class EngineCoreOutput:
 
     request_id: str
     new_token_ids: list[int]
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    num_cached_tokens: int = 0
     new_logprobs: LogprobsLists | None = None
     """One row per new token, when the request asked for `logprobs`."""
     new_prompt_logprobs: LogprobsLists | None = None
     """One row per prompt token after the first, when it asked for `prompt_logprobs`; sent
     once, with the request's first output."""
-    finish_reason: FinishReason | None = None
-    stop_reason: int | str | None = None
-    num_cached_tokens: int = 0
 
     @property
     def finished(self) -> bool:

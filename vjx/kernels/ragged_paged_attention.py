@@ -340,14 +340,19 @@ def _prefill_kernel(
 
 
 @dataclasses.dataclass(frozen=True)
-class _Call:
-    """What every launch of one attention call shares."""
+class _Step:
+    """The arrays and static settings that every launch of one call shares."""
 
-    num_tokens: int
-    geometry: _Geometry
+    q: Array  # [T, N, H]
+    kv_cache: Array  # [2, K, P, S, H]
+    query_start_loc: Array  # [R + 1]
+    seq_lens: Array  # [R]
+    block_tables: Array  # [R, W]
+    num_seqs: Array  # [1]
+    scoring: Scoring
     interpret: bool
 
-    def pallas_call(self, kernel, grid, out_shape, tuning: KernelTuning, aliases=None):
+    def launch(self, kernel, grid, out_shape, tuning: KernelTuning, aliases=None):
         return pl.pallas_call(
             kernel,
             out_shape=out_shape,
@@ -390,35 +395,32 @@ def ragged_paged_attention(
 ) -> Float[Array, "T N H"]:
     """Attends every real query token to its row's keys; padding tokens get 0."""
     _check_shapes(q, kv_cache)
-    num_tokens, num_heads, head_dim = q.shape
+    _, num_heads, head_dim = q.shape
     _, num_kv_heads, _, page_size, _ = kv_cache.shape
     tuning = tuning or default_tuning(head_dim, kv_cache.dtype)
-    group = num_heads // num_kv_heads
-    decode_geometry = _Geometry(
-        num_kv_heads, group, head_dim, page_size,
-        max(16, pl.next_power_of_2(group)), tuning.decode.block_k,
+    step = _Step(
+        q, kv_cache, query_start_loc, seq_lens, block_tables, num_seqs, scoring, interpret
     )
-    call = _Call(num_tokens, decode_geometry, interpret)
-    metadata = (query_start_loc, seq_lens, block_tables, num_seqs)
-    partials, num_splits = _decode(call, metadata, q, kv_cache, scoring, tuning)
-    out = jnp.zeros(q.shape, q.dtype)
-    out = _merge(call, metadata, num_splits, partials, out)
-    prefill_geometry = dataclasses.replace(
-        decode_geometry, block_m=max(tuning.prefill.block_m, pl.next_power_of_2(group)),
+    group = num_heads // num_kv_heads
+    decode = _Geometry(
+        num_kv_heads, group, head_dim, page_size,
+        block_m=max(16, pl.next_power_of_2(group)), block_k=tuning.decode.block_k,
+    )
+    partials, num_splits = _decode(step, decode, tuning)
+    out = _merge(step, decode, num_splits, partials)
+    prefill = dataclasses.replace(
+        decode, block_m=max(tuning.prefill.block_m, pl.next_power_of_2(group)),
         block_k=tuning.prefill.block_k,
     )
-    call = dataclasses.replace(call, geometry=prefill_geometry)
-    return _prefill(call, metadata, q, kv_cache, out, (scoring, tuning.prefill))
+    return _prefill(step, prefill, tuning.prefill, out)
 
 
-def _decode(call: _Call, metadata: tuple, q, kv_cache, scoring: Scoring, tuning: AttentionTuning):
-    """Launch 1: float32 partials [C, K, G, H] (acc), [C, K, G] (max, sum) of every segment."""
-    query_start_loc, seq_lens, block_tables, num_seqs = metadata
-    num_rows = seq_lens.shape[0]
-    g = call.geometry
-    num_programs = max(num_rows, tuning.decode_programs)
+def _decode(step: _Step, g: _Geometry, tuning: AttentionTuning) -> tuple:
+    """Launch 1: float32 partials [C, K, G, H] (acc), [C, K, G] (max, sum) of every segment,
+    and the number of segments per row."""
+    num_programs = max(step.seq_lens.shape[0], tuning.decode_programs)
     num_splits = jnp.clip(
-        tuning.decode_programs // jnp.maximum(num_seqs, 1), 1, tuning.max_kv_splits
+        tuning.decode_programs // jnp.maximum(step.num_seqs, 1), 1, tuning.max_kv_splits
     ).astype(jnp.int32)
     shape = (num_programs, g.num_kv_heads, g.group)
     out_shape = (
@@ -426,34 +428,35 @@ def _decode(call: _Call, metadata: tuple, q, kv_cache, scoring: Scoring, tuning:
         jax.ShapeDtypeStruct(shape, jnp.float32),
         jax.ShapeDtypeStruct(shape, jnp.float32),
     )
-    kernel = functools.partial(_decode_kernel, geometry=g, scoring=scoring)
-    launch = call.pallas_call(kernel, (num_programs, g.num_kv_heads), out_shape, tuning.decode)
-    partials = launch(query_start_loc, seq_lens, block_tables, num_seqs, num_splits, q, kv_cache)
+    kernel = functools.partial(_decode_kernel, geometry=g, scoring=step.scoring)
+    launch = step.launch(kernel, (num_programs, g.num_kv_heads), out_shape, tuning.decode)
+    partials = launch(
+        step.query_start_loc, step.seq_lens, step.block_tables, step.num_seqs, num_splits,
+        step.q, step.kv_cache,
+    )
     return partials, num_splits
 
 
-def _merge(call: _Call, metadata: tuple, num_splits, partials, out):
-    """Launch 2: decode rows' outputs written into `out` in place."""
-    query_start_loc, seq_lens, _, num_seqs = metadata
-    g = call.geometry
+def _merge(step: _Step, g: _Geometry, num_splits: Array, partials: tuple) -> Array:
+    """Launch 2: the decode rows' outputs, in a zeroed [T, N, H] (padding tokens stay 0)."""
+    out = jnp.zeros(step.q.shape, step.q.dtype)
     kernel = functools.partial(_merge_kernel, geometry=g)
-    out_shape = jax.ShapeDtypeStruct(out.shape, out.dtype)
-    launch = call.pallas_call(
-        kernel, (seq_lens.shape[0], g.num_kv_heads), out_shape, KernelTuning(num_warps=4),
-        aliases={7: 0},
+    launch = step.launch(
+        kernel, (step.seq_lens.shape[0], g.num_kv_heads), jax.ShapeDtypeStruct(out.shape, out.dtype),
+        KernelTuning(num_warps=4), aliases={7: 0},
     )
-    return launch(query_start_loc, seq_lens, num_seqs, num_splits, *partials, out)
+    return launch(step.query_start_loc, step.seq_lens, step.num_seqs, num_splits, *partials, out)
 
 
-def _prefill(call: _Call, metadata: tuple, q, kv_cache, out, settings: tuple):
+def _prefill(step: _Step, g: _Geometry, tuning: KernelTuning, out: Array) -> Array:
     """Launch 3: rows with several query tokens, written into `out` in place."""
-    scoring, tuning = settings
-    query_start_loc, seq_lens, block_tables, num_seqs = metadata
-    g = call.geometry
-    num_blocks = pl.cdiv(call.num_tokens, g.block_q) + seq_lens.shape[0]
-    kernel = functools.partial(_prefill_kernel, geometry=g, scoring=scoring)
-    out_shape = jax.ShapeDtypeStruct(out.shape, out.dtype)
-    launch = call.pallas_call(
-        kernel, (num_blocks, g.num_kv_heads), out_shape, tuning, aliases={6: 0}
+    num_blocks = pl.cdiv(step.q.shape[0], g.block_q) + step.seq_lens.shape[0]
+    kernel = functools.partial(_prefill_kernel, geometry=g, scoring=step.scoring)
+    launch = step.launch(
+        kernel, (num_blocks, g.num_kv_heads), jax.ShapeDtypeStruct(out.shape, out.dtype), tuning,
+        aliases={6: 0},
     )
-    return launch(query_start_loc, seq_lens, block_tables, num_seqs, q, kv_cache, out)
+    return launch(
+        step.query_start_loc, step.seq_lens, step.block_tables, step.num_seqs, step.q,
+        step.kv_cache, out,
+    )

@@ -58,8 +58,10 @@ class AttentionTuning:
             raise ValueError(f"max_kv_splits must be >= 1, got {self.max_kv_splits}.")
 
 
-# Defaults by head dim, tuned on an H200 (benchmarks/kernels/ sweeps the alternatives):
-# the tile area shrinks as head_dim grows so K, V, P and the accumulator stay in registers.
+# Defaults by head dim. The D 128 decode knobs won an H200 sweep (64-key tiles, 4 warps, 2
+# stages: benchmarks/results/2026-11-29-h200-paged-attention.md); the others are starting
+# points for `python -m benchmarks.kernels.ragged_paged_attention --sweep-stages ...`. The
+# tile area shrinks as head_dim grows so K, V, P and the accumulator stay in registers.
 _DEFAULTS = {
     64: AttentionTuning(
         decode=KernelTuning(block_m=16, block_k=128, num_warps=4, num_stages=2),

@@ -1,29 +1,77 @@
 """The sampling metadata of one step: a pytree of per-row device arrays and one static flag.
 
-Legend: R sampled rows (the request bucket `Rs` of the step; padding rows of zeros are greedy).
-The model runner packs these arrays into the step's one host->device transfer; every field
-keeps its shape and dtype from step to step, so only `all_greedy` selects a compiled variant.
+Legend: R sampled rows (the request bucket `Rs` of the step), V vocab, L token history
+length, S stop tokens per row, B bad words per row, W tokens per bad word.
+
+The model runner builds these arrays every step; every field keeps its shape and dtype from
+step to step, so only `all_greedy` selects a compiled variant. Each logits processor has a
+neutral value and is skipped at run time (`lax.cond`) when no row uses it.
+
+Padding rows: a row with `num_tokens == 0` has no history, so no penalty, bad word or stop
+token touches it, whatever its other fields hold; with `temperature == 0` it is greedy. A row
+of zeros is therefore a valid padding row. Real rows always have `num_tokens >= 1` (a
+request's prompt is never empty).
 """
 
 import dataclasses
 
 import jax
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Bool, Float, Int
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class SamplingMetadata:
+    # How to draw: neutral values are temperature 1, top_k 0, top_p 1, min_p 0.
     temperature: Float[Array, "R"]
-    """float32; a row below 1e-5 (0 in practice) is greedy: the argmax of its raw logits."""
+    """float32; a row below 1e-5 (0 in practice) is greedy: the argmax of its processed logits."""
     top_k: Int[Array, "R"]
     """int32; keep the k largest logits (ties at the k-th kept too). 0, or k >= V, is off."""
     top_p: Float[Array, "R"]
     """float32 in (0, 1]; keep the smallest set of most likely tokens with mass >= p. 1 is off."""
+    min_p: Float[Array, "R"]
+    """float32 in [0, 1]; keep tokens whose probability is >= min_p x the row's largest. 0 is off."""
     seeds: Int[Array, "R"]
     """int32; the row's request seed (its own `SamplingParams.seed`, else one from the engine)."""
     positions: Int[Array, "R"]
     """int32; output tokens the row already has. The row's key is fold_in(key(seed), position),
     so a seeded request draws the same tokens whatever batch or row it lands in."""
-    all_greedy: bool = dataclasses.field(metadata=dict(static=True))
-    """Static: every row is greedy, so the step compiles to a bare argmax."""
+
+    # Penalties: neutral values are presence 0, frequency 0, repetition 1.
+    presence_penalty: Float[Array, "R"]
+    """float32 in [-2, 2]; subtracted once from every token the OUTPUT holds."""
+    frequency_penalty: Float[Array, "R"]
+    """float32 in [-2, 2]; subtracted once per occurrence of a token in the OUTPUT."""
+    repetition_penalty: Float[Array, "R"]
+    """float32 > 0; divides positive (multiplies other) logits of tokens in prompt or output."""
+
+    # The row's tokens so far, read by the penalties and the bad words.
+    token_ids: Int[Array, "R L"]
+    """int32; prompt then output tokens, left-aligned. Columns >= num_tokens are ignored
+    (any value); ids outside [0, V) are ignored too."""
+    num_prompt_tokens: Int[Array, "R"]
+    """int32; columns [0, num_prompt_tokens) of token_ids are the prompt, the rest output."""
+    num_tokens: Int[Array, "R"]
+    """int32 <= L; valid columns of token_ids (prompt + output). 0 marks a padding row."""
+
+    # Logit bias and allowed tokens, folded into one dense additive bias by the runner.
+    logit_bias: Float[Array, "R V"]
+    """float32; added to the logits: the request's logit_bias, and -inf for every token
+    outside its allowed_token_ids. Rows without either hold 0."""
+    has_logit_bias: Bool[Array, "R"]
+    """bool; the row's logit_bias is not all zero. When no row has one the add is skipped."""
+
+    # min_tokens: while a row is below its min_tokens, its stop tokens cannot be drawn.
+    stop_token_ids: Int[Array, "R S"]
+    """int32; the row's EOS (unless ignore_eos) and stop_token_ids, padded with -1."""
+    is_below_min_tokens: Bool[Array, "R"]
+    """bool; the row has fewer than min_tokens output tokens: its stop tokens get -inf."""
+
+    # Bad words: each word's token ids, RIGHT-aligned (its last token in column W - 1),
+    # left-padded with -1; a word of all -1 is no word.
+    bad_words: Int[Array, "R B W"]
+    """int32; a word's last token gets -inf when the word's other tokens are the row's last
+    OUTPUT tokens (a one-token word is always banned), as vLLM decides."""
+
+    all_greedy: bool = dataclasses.field(default=False, metadata=dict(static=True))
+    """Static: every row is greedy, so the step compiles without the random draw."""

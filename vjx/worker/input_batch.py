@@ -8,7 +8,7 @@ import dataclasses
 
 import numpy as np
 
-from vjx.sampling_params import SamplingParams
+from vjx.sampling_params import MAX_MIN_TOKENS_STOP_IDS, SamplingParams
 from vjx.worker.block_table import BlockTable
 
 
@@ -22,7 +22,11 @@ class CachedRequestState:
     seed: int
     block_ids: list[int]
     num_computed_tokens: int
+    eos_token_id: int | None = None
     output_token_ids: list[int] = dataclasses.field(default_factory=list)
+    prompt_logprobs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = dataclasses.field(default_factory=list)
+    """Rows of prompt logprobs computed so far (the prompt may take several chunks)."""
+    has_sent_prompt_logprobs: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -45,6 +49,14 @@ class InputBatch:
         self.top_k = np.zeros(max_num_reqs, np.int32)
         self.top_p = np.ones(max_num_reqs, np.float32)
         self.seeds = np.zeros(max_num_reqs, np.int32)
+        self.min_p = np.zeros(max_num_reqs, np.float32)
+        self.presence_penalty = np.zeros(max_num_reqs, np.float32)
+        self.frequency_penalty = np.zeros(max_num_reqs, np.float32)
+        self.repetition_penalty = np.ones(max_num_reqs, np.float32)
+        self.num_logprobs = np.full(max_num_reqs, -1, np.int32)
+        self.num_prompt_logprobs = np.full(max_num_reqs, -1, np.int32)
+        self.min_tokens = np.zeros(max_num_reqs, np.int32)
+        self.min_tokens_stop_ids = np.full((max_num_reqs, MAX_MIN_TOKENS_STOP_IDS), -1, np.int32)
         self.block_table = BlockTable(max_num_reqs, max_num_blocks_per_req)
 
     @property
@@ -66,8 +78,25 @@ class InputBatch:
         self.top_k[row] = params.top_k
         self.top_p[row] = params.top_p
         self.seeds[row] = state.seed
+        self.min_p[row] = params.min_p
+        self.presence_penalty[row] = params.presence_penalty
+        self.frequency_penalty[row] = params.frequency_penalty
+        self.repetition_penalty[row] = params.repetition_penalty
+        self.num_logprobs[row] = -1 if params.logprobs is None else params.logprobs
+        wants_prompt_logprobs = params.prompt_logprobs is not None and not state.has_sent_prompt_logprobs
+        self.num_prompt_logprobs[row] = params.prompt_logprobs if wants_prompt_logprobs else -1
+        self._set_min_tokens(row, state)
         self.block_table.add_row(state.block_ids, row)
         return row
+
+    def _set_min_tokens(self, row: int, state: CachedRequestState) -> None:
+        params = state.sampling_params
+        stop_ids = list(params.stop_token_ids)
+        if state.eos_token_id is not None and not params.ignore_eos:
+            stop_ids.append(state.eos_token_id)
+        self.min_tokens[row] = params.min_tokens if stop_ids else 0
+        self.min_tokens_stop_ids[row] = -1
+        self.min_tokens_stop_ids[row, : len(stop_ids)] = stop_ids
 
     def remove_request(self, req_id: str) -> int | None:
         row = self.req_id_to_index.pop(req_id, None)

@@ -14,6 +14,7 @@ import logging
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -22,7 +23,9 @@ from vjx.core.sched.output import SchedulerOutput
 from vjx.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vjx.worker.compile_watch import CompileWatch
 from vjx.worker.input_batch import CachedRequestState, InputBatch
-from vjx.worker.step import StepLayout, compile_step, enable_compilation_cache, token_buckets
+from vjx.worker.step import compile_step, enable_compilation_cache
+from vjx.worker.step_layout import StepLayout, token_buckets
+from vjx.worker.step_outputs import StepRecord, collect_logprobs
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +36,7 @@ class ModelRunner:
     """Owns the persistent batch, the KV cache arrays and the compiled step variants."""
 
     def __init__(self, config: VjxConfig, model: nnx.Module, kv_caches: list[jax.Array]):
+        """`kv_caches`: one array per layer, in the attention backend's layout."""
         sched = config.scheduler_config
         self.block_size = config.cache_config.block_size
         self.max_num_reqs = sched.max_num_seqs
@@ -40,10 +44,12 @@ class ModelRunner:
         self.input_batch = InputBatch(self.max_num_reqs, sched.max_model_len, max_blocks)
         self.requests: dict[str, CachedRequestState] = {}
         self.kv_caches = kv_caches
+        self.history = jnp.zeros((self.max_num_reqs, sched.max_model_len), jnp.int32)
         self.graphdef, state = nnx.split(model)
         self.param_leaves, self.treedef = jax.tree.flatten(state)
         self.layouts = {
-            t: StepLayout(t, self.max_num_reqs, min(t, self.max_num_reqs), max_blocks)
+            t: StepLayout(t, self.max_num_reqs, min(t, self.max_num_reqs), max_blocks,
+                          config.model_config.max_logprobs)
             for t in token_buckets(sched.max_num_batched_tokens)
         }
         # Two host buffers per bucket, used in turn: the CPU backend may alias a numpy array
@@ -70,7 +76,8 @@ class ModelRunner:
 
     def compile_layout(self, num_tokens: int):
         return compile_step(
-            self.layouts[num_tokens], self.graphdef, self.treedef, self.param_leaves, self.kv_caches
+            self.layouts[num_tokens], self.graphdef, self.treedef, self.param_leaves, self.kv_caches,
+            self.history,
         )
 
     def execute_model(
@@ -85,15 +92,14 @@ class ModelRunner:
             return AsyncModelRunnerOutput(lambda: ModelRunnerOutput([], {}, []))
         rows, num_tokens = self._order_rows(scheduler_output)
         layout = self._layout_for(int(num_tokens.sum()))
-        packed, is_sampling = self._prepare_inputs(layout, rows, num_tokens)
+        packed, record = self._prepare_inputs(layout, rows, num_tokens)
         with self.compile_watch:
-            self.kv_caches, sampled = self._compiled[layout.num_tokens](
-                self.param_leaves, self.kv_caches, self._last_sampled, jax.device_put(packed)
+            self.kv_caches, self.history, sampled, logprobs, prompt_logprobs = self._compiled[layout.num_tokens](
+                self.param_leaves, self.kv_caches, self.history, self._last_sampled, jax.device_put(packed)
             )
-        req_ids = [self.input_batch.req_ids[row] for row in rows.tolist()]
         self._last_sampled = sampled
-        self._last_sample_index = {r: i for i, r in enumerate(req_ids) if is_sampling[i]}
-        return AsyncModelRunnerOutput(lambda: self._collect(req_ids, is_sampling, sampled))
+        self._last_sample_index = {r: i for i, r in enumerate(record.req_ids) if record.is_sampling[i]}
+        return AsyncModelRunnerOutput(lambda: self._collect(record, sampled, logprobs, prompt_logprobs))
 
     def _update_states(self, so: SchedulerOutput) -> None:
         batch = self.input_batch
@@ -112,6 +118,7 @@ class ModelRunner:
                 seed=(seed if seed is not None else int(self._seed_rng.integers(_SEED_MASK))) & _SEED_MASK,
                 block_ids=list(new.block_ids[0]),
                 num_computed_tokens=new.num_computed_tokens,
+                eos_token_id=new.eos_token_id,
             )
             self.requests[new.req_id] = state
             batch.add_request(state)
@@ -153,8 +160,8 @@ class ModelRunner:
 
     def _prepare_inputs(
         self, layout: StepLayout, rows: np.ndarray, num_tokens: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """The packed step buffer, and per row whether this step samples its next token."""
+    ) -> tuple[np.ndarray, StepRecord]:
+        """The packed step buffer, and what `_collect` needs to know of the step."""
         batch = self.input_batch
         self._num_steps += 1
         packed = self._packed[layout.num_tokens][self._num_steps % 2]
@@ -172,6 +179,12 @@ class ModelRunner:
         prev_index[:total][is_pending] = [self._last_sample_index[batch.req_ids[r]] for r in token_rows[is_pending]]
         num_pending = np.bincount(row_of_token[is_pending], minlength=num_rows)
         layout.view(packed, "positions")[:total] = positions
+        layout.view(packed, "token_slots")[:] = self.max_num_reqs
+        layout.view(packed, "token_slots")[:total] = token_rows
+        targets = layout.view(packed, "prompt_logprobs_targets")
+        targets[:] = -1
+        has_target = (batch.num_prompt_logprobs[token_rows] >= 0) & (positions + 1 < batch.num_prompt_tokens[token_rows])
+        targets[:total][has_target] = batch.token_ids_cpu[token_rows[has_target], positions[has_target] + 1]
         blocks = batch.block_table.block_table[token_rows, positions // self.block_size]
         layout.view(packed, "slot_mapping")[:total] = blocks * self.block_size + positions % self.block_size
         layout.view(packed, "query_start_loc")[1 : num_rows + 1] = cu
@@ -180,8 +193,14 @@ class ModelRunner:
         layout.view(packed, "num_seqs")[0] = num_rows
         layout.view(packed, "block_tables")[:num_rows] = batch.block_table.block_table[rows]
         self._prepare_sampling(layout, packed, rows, cu - 1, num_pending)
-        is_sampling = start + num_tokens >= batch.num_tokens[rows] + num_pending
-        return packed, is_sampling
+        record = StepRecord(
+            req_ids=[batch.req_ids[row] for row in rows.tolist()],
+            is_sampling=start + num_tokens >= batch.num_tokens[rows] + num_pending,
+            num_logprobs=batch.num_logprobs[rows],
+            token_rows=row_of_token,
+            has_prompt_target=has_target,
+        )
+        return packed, record
 
     def _prepare_sampling(self, layout, packed, rows, logits_indices, num_pending) -> None:
         batch, num_rows = self.input_batch, len(rows)
@@ -191,10 +210,22 @@ class ModelRunner:
         layout.view(packed, "top_p")[:] = 1.0
         layout.view(packed, "top_p")[:num_rows] = batch.top_p[rows]
         layout.view(packed, "seeds")[:num_rows] = batch.seeds[rows]
+        layout.view(packed, "sample_slots")[:num_rows] = rows
+        layout.view(packed, "min_p")[:num_rows] = batch.min_p[rows]
+        layout.view(packed, "presence_penalty")[:num_rows] = batch.presence_penalty[rows]
+        layout.view(packed, "frequency_penalty")[:num_rows] = batch.frequency_penalty[rows]
+        layout.view(packed, "repetition_penalty")[:] = 1.0
+        layout.view(packed, "repetition_penalty")[:num_rows] = batch.repetition_penalty[rows]
+        layout.view(packed, "num_prompt_tokens")[:num_rows] = batch.num_prompt_tokens[rows]
+        layout.view(packed, "num_logprobs")[:] = -1
+        layout.view(packed, "num_logprobs")[:num_rows] = batch.num_logprobs[rows]
         num_outputs = batch.num_tokens[rows] + num_pending - batch.num_prompt_tokens[rows]
         layout.view(packed, "sample_positions")[:num_rows] = num_outputs
+        layout.view(packed, "is_below_min_tokens")[:num_rows] = num_outputs < batch.min_tokens[rows]
+        layout.view(packed, "stop_token_ids")[:] = -1
+        layout.view(packed, "stop_token_ids")[:num_rows] = batch.min_tokens_stop_ids[rows]
 
-    def _collect(self, req_ids: list[str], is_sampling: np.ndarray, sampled: jax.Array) -> ModelRunnerOutput:
+    def _collect(self, record: StepRecord, sampled, logprobs, prompt_logprobs) -> ModelRunnerOutput:
         """Waits for a step's tokens and appends each to its request.
 
         A request may have left the batch (preempted) or the runner (finished) since the step
@@ -203,8 +234,8 @@ class ModelRunner:
         sampled = np.asarray(sampled)
         batch = self.input_batch
         sampled_token_ids = []
-        for i, req_id in enumerate(req_ids):
-            if not is_sampling[i]:
+        for i, req_id in enumerate(record.req_ids):
+            if not record.is_sampling[i]:
                 sampled_token_ids.append([])
                 continue
             token = int(sampled[i])
@@ -215,5 +246,7 @@ class ModelRunner:
             row = batch.req_id_to_index.get(req_id)
             if row is not None:
                 batch.append_token(row, token)
-        index = {req_id: i for i, req_id in enumerate(req_ids)}
-        return ModelRunnerOutput(req_ids, index, sampled_token_ids)
+        index = {req_id: i for i, req_id in enumerate(record.req_ids)}
+        output = ModelRunnerOutput(record.req_ids, index, sampled_token_ids)
+        collect_logprobs(record, logprobs, prompt_logprobs, self.requests, output)
+        return output

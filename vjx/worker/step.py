@@ -1,31 +1,30 @@
-"""The jitted model step, its packed input layout, and the bucket set it is compiled for.
+"""The jitted model step and its AOT compilation.
 
-One step is `(param_leaves, kv_caches, prev_sampled, packed) -> (kv_caches, sampled)`: every
-int32 input of the step travels in ONE packed buffer (floats bit-cast into it), sliced on the
-device at static offsets; `kv_caches` is donated, so the cache is updated in place.
-`prev_sampled` is the previous step's output, still on the device: with async scheduling a
-step is planned before its predecessor's tokens reach the host, and the tokens it needs are
-taken from there (`prev_sampled_index`, -1 for tokens the host knows).
-
-Legend: T tokens (the bucket), R attention rows (`max_num_seqs`), Rs sampled rows
-(`min(T, max_num_seqs)`), W block table width, V vocab.
+One step is `(param_leaves, kv_caches, history, prev_sampled, packed) -> (kv_caches, history,
+sampled, logprobs, prompt_logprobs)`. `kv_caches` and `history` (every slot's tokens so far,
+for penalties) are donated, so they are updated in place. `prev_sampled` is the previous
+step's output, still on the device: with async scheduling a step is planned before its
+predecessor's tokens reach the host, and the tokens it needs are read from there
+(`prev_sampled_index`, -1 for tokens the host knows). The packed buffer's fields are listed
+in step_layout.py.
 """
 
-import dataclasses
 import functools
 import pathlib
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from vjx.attention.metadata import AttentionMetadata
+from vjx.sampling.logprobs import compute_logprobs
 from vjx.sampling.metadata import SamplingMetadata
 from vjx.sampling.sampler import sample
+from vjx.worker.step_layout import StepLayout
 
-_MIN_TOKEN_BUCKET = 16
 _COMPILATION_CACHE_DIR = pathlib.Path.home() / ".cache" / "vjx" / "jax"
+# Prompt logprobs need the logits of every token: computed this many tokens at a time.
+_PROMPT_LOGITS_CHUNK = 256
 
 
 def enable_compilation_cache() -> None:
@@ -37,125 +36,109 @@ def enable_compilation_cache() -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
 
-def token_buckets(max_num_batched_tokens: int) -> list[int]:
-    """Powers of two from 16, closed by `max_num_batched_tokens` itself."""
-    buckets = []
-    size = _MIN_TOKEN_BUCKET
-    while size < max_num_batched_tokens:
-        buckets.append(size)
-        size *= 2
-    buckets.append(max_num_batched_tokens)
-    return buckets
-
-
-@dataclasses.dataclass(frozen=True)
-class StepLayout:
-    """Where each field of the step lives in the packed int32 buffer (all sizes static)."""
-
-    num_tokens: int  # T
-    num_reqs: int  # R
-    num_sampled: int  # Rs
-    max_num_blocks_per_req: int  # W
-
-    @functools.cached_property
-    def fields(self) -> dict[str, tuple[int, int]]:
-        t, r, rs = self.num_tokens, self.num_reqs, self.num_sampled
-        sizes = {
-            "input_ids": t,
-            "prev_sampled_index": t,
-            "positions": t,
-            "slot_mapping": t,
-            "query_start_loc": r + 1,
-            "seq_lens": r,
-            "num_seqs": 1,
-            "logits_indices": rs,
-            "temperature": rs,
-            "top_k": rs,
-            "top_p": rs,
-            "seeds": rs,
-            "sample_positions": rs,
-            "block_tables": r * self.max_num_blocks_per_req,
-        }
-        offsets, start = {}, 0
-        for name, size in sizes.items():
-            offsets[name] = (start, start + size)
-            start += size
-        return offsets
-
-    @property
-    def size(self) -> int:
-        return self.fields["block_tables"][1]
-
-    def view(self, packed: np.ndarray, name: str) -> np.ndarray:
-        """The host buffer's slice for `name` (float fields viewed as float32)."""
-        start, end = self.fields[name]
-        part = packed[start:end]
-        if name in ("temperature", "top_p"):
-            return part.view(np.float32)
-        if name == "block_tables":
-            return part.reshape(self.num_reqs, self.max_num_blocks_per_req)
-        return part
-
-    def unpack(self, packed: jax.Array, prev_sampled: jax.Array):
-        """Device-side slices: input_ids, positions, attention and sampling metadata."""
-
-        def get(name):
-            start, end = self.fields[name]
-            return packed[start:end]
-
-        def get_float(name):
-            return jax.lax.bitcast_convert_type(get(name), jnp.float32)
-
-        md = AttentionMetadata(
-            slot_mapping=get("slot_mapping"),
-            query_start_loc=get("query_start_loc"),
-            seq_lens=get("seq_lens"),
-            block_tables=get("block_tables").reshape(self.num_reqs, self.max_num_blocks_per_req),
-            num_seqs=get("num_seqs"),
-        )
-        sampling_md = SamplingMetadata(
-            temperature=get_float("temperature"),
-            top_k=get("top_k"),
-            top_p=get_float("top_p"),
-            seeds=get("seeds"),
-            positions=get("sample_positions"),
-            all_greedy=False,
-        )
-        prev_index = get("prev_sampled_index")
-        input_ids = jnp.where(prev_index >= 0, prev_sampled[jnp.maximum(prev_index, 0)], get("input_ids"))
-        return input_ids, get("positions"), md, get("logits_indices"), sampling_md
-
-
-def _sample(logits, md: SamplingMetadata):
-    """Skips the top-k/top-p search at run time when every row is greedy (no extra variant)."""
-    greedy_md = dataclasses.replace(md, all_greedy=True)
-    return jax.lax.cond(
-        jnp.all(md.temperature == 0.0),
-        lambda: sample(logits, greedy_md),
-        lambda: sample(logits, md),
+def _attention_metadata(layout: StepLayout, f: dict) -> AttentionMetadata:
+    return AttentionMetadata(
+        slot_mapping=f["slot_mapping"],
+        query_start_loc=f["query_start_loc"],
+        seq_lens=f["seq_lens"],
+        block_tables=f["block_tables"],
+        num_seqs=f["num_seqs"],
     )
 
 
-def model_step(layout: StepLayout, graphdef, treedef, param_leaves, kv_caches, prev_sampled, packed):
+def _sampling_metadata(layout: StepLayout, f: dict, history, vocab_size: int) -> SamplingMetadata:
+    """Sampled row i is attention row i (rows are in the same order); padding rows have no
+    tokens, so no penalty touches them. The history is gathered only when some row needs it."""
+    rs = layout.num_sampled
+    num_tokens = jnp.where(jnp.arange(rs) < f["num_seqs"][0], f["seq_lens"][:rs], 0)
+    needs_history = jnp.any((f["presence_penalty"] != 0) | (f["frequency_penalty"] != 0)
+                            | (f["repetition_penalty"] != 1))
+    token_ids = jax.lax.cond(
+        needs_history,
+        lambda: history[f["sample_slots"]],
+        lambda: jnp.zeros((rs, history.shape[1]), jnp.int32),
+    )
+    return SamplingMetadata(
+        temperature=f["temperature"],
+        top_k=f["top_k"],
+        top_p=f["top_p"],
+        min_p=f["min_p"],
+        seeds=f["seeds"],
+        positions=f["sample_positions"],
+        presence_penalty=f["presence_penalty"],
+        frequency_penalty=f["frequency_penalty"],
+        repetition_penalty=f["repetition_penalty"],
+        token_ids=token_ids,
+        num_prompt_tokens=f["num_prompt_tokens"],
+        num_tokens=num_tokens,
+        logit_bias=jnp.zeros((rs, vocab_size), jnp.float32),
+        has_logit_bias=jnp.zeros((rs,), bool),
+        stop_token_ids=f["stop_token_ids"],
+        is_below_min_tokens=f["is_below_min_tokens"] > 0,
+        bad_words=jnp.full((rs, 1, 1), -1, jnp.int32),
+    )
+
+
+def _empty_logprobs(num_rows: int, k: int):
+    return (
+        jnp.zeros((num_rows, k + 1), jnp.int32),
+        jnp.zeros((num_rows, k + 1), jnp.float32),
+        jnp.zeros((num_rows,), jnp.int32),
+    )
+
+
+def _sample_logprobs(layout: StepLayout, logits, sampled, num_logprobs):
+    """Logprobs of the raw logits for the sampled tokens, when some row asked for them."""
+    return jax.lax.cond(
+        jnp.any(num_logprobs >= 0),
+        lambda: compute_logprobs(logits, sampled, layout.max_logprobs),
+        lambda: _empty_logprobs(layout.num_sampled, layout.max_logprobs),
+    )
+
+
+def _prompt_logprobs(layout: StepLayout, model, hidden, targets):
+    """Logprobs of each next prompt token, computed chunk by chunk over all T tokens."""
+    num_tokens, k = layout.num_tokens, layout.max_logprobs
+    chunk = min(num_tokens & -num_tokens, _PROMPT_LOGITS_CHUNK)
+
+    def one_chunk(args):
+        hidden_c, targets_c = args
+        return compute_logprobs(model.compute_logits(hidden_c), jnp.maximum(targets_c, 0), k)
+
+    def compute():
+        parts = (hidden.reshape(num_tokens // chunk, chunk, -1), targets.reshape(num_tokens // chunk, chunk))
+        ids, lps, ranks = jax.lax.map(one_chunk, parts)
+        return ids.reshape(num_tokens, k + 1), lps.reshape(num_tokens, k + 1), ranks.reshape(num_tokens)
+
+    return jax.lax.cond(jnp.any(targets >= 0), compute, lambda: _empty_logprobs(num_tokens, k))
+
+
+def model_step(layout: StepLayout, graphdef, treedef, param_leaves, kv_caches, history, prev_sampled, packed):
     """Forward the step's tokens, write their KV, and sample one token per row.
 
     The sampled ids are padded to R rows, so every variant returns (and takes back as
     `prev_sampled`) the same shape.
     """
-    input_ids, positions, md, logits_indices, sampling_md = layout.unpack(packed, prev_sampled)
+    f = layout.unpack(packed)
+    prev_index = f["prev_sampled_index"]
+    input_ids = jnp.where(prev_index >= 0, prev_sampled[jnp.maximum(prev_index, 0)], f["input_ids"])
+    history = history.at[f["token_slots"], f["positions"]].set(input_ids, mode="drop")
     model = nnx.merge(graphdef, jax.tree.unflatten(treedef, param_leaves))
-    hidden, kv_caches = model(input_ids, positions, kv_caches, md)
-    logits = model.compute_logits(hidden[logits_indices])
-    sampled = _sample(logits, sampling_md)
-    return kv_caches, jnp.pad(sampled, (0, layout.num_reqs - layout.num_sampled))
+    hidden, kv_caches = model(input_ids, f["positions"], kv_caches, _attention_metadata(layout, f))
+    logits = model.compute_logits(hidden[f["logits_indices"]])
+    sampled = sample(logits, _sampling_metadata(layout, f, history, logits.shape[-1]))
+    logprobs = _sample_logprobs(layout, logits, sampled, f["num_logprobs"])
+    prompt_logprobs = _prompt_logprobs(layout, model, hidden, f["prompt_logprobs_targets"])
+    sampled = jnp.pad(sampled, (0, layout.num_reqs - layout.num_sampled))
+    return kv_caches, history, sampled, logprobs, prompt_logprobs
 
 
-def compile_step(layout: StepLayout, graphdef, treedef, param_leaves, kv_caches):
+def compile_step(layout: StepLayout, graphdef, treedef, param_leaves, kv_caches, history):
     """AOT-compiles the step for one layout; the result is called with real arrays."""
-    fn = jax.jit(functools.partial(model_step, layout, graphdef, treedef), donate_argnums=(1,))
+    fn = jax.jit(functools.partial(model_step, layout, graphdef, treedef), donate_argnums=(1, 2))
     structs = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-        (param_leaves, kv_caches),
+        (param_leaves, kv_caches, history),
     )
     prev_sampled = jax.ShapeDtypeStruct((layout.num_reqs,), jnp.int32)
     packed = jax.ShapeDtypeStruct((layout.size,), jnp.int32)

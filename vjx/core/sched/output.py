@@ -15,6 +15,8 @@ class NewRequestData:
     block_ids: tuple[list[int], ...]
     """One block id list per KV cache group."""
     num_computed_tokens: int
+    eos_token_id: int | None = None
+    """Held back, with the stop token ids, while the request is below `min_tokens`."""
 
 
 @dataclasses.dataclass

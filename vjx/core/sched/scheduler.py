@@ -280,6 +280,7 @@ class Scheduler:
                 sampling_params=request.sampling_params,
                 block_ids=manager.get_block_ids(request.request_id),
                 num_computed_tokens=request.num_computed_tokens,
+                eos_token_id=request.eos_token_id,
             )
             for request in plan.scheduled_new_reqs
         ]
@@ -351,7 +352,13 @@ class Scheduler:
                     stopped_waiting.append(request)
             outputs.append(
                 EngineCoreOutput(
-                    req_id, new_token_ids, finish_reason, request.stop_reason, request.num_cached_tokens
+                    req_id,
+                    new_token_ids,
+                    finish_reason,
+                    request.stop_reason,
+                    request.num_cached_tokens,
+                    new_logprobs=model_runner_output.logprobs.get(req_id),
+                    new_prompt_logprobs=model_runner_output.prompt_logprobs.get(req_id),
                 )
             )
         if stopped_running_ids:

@@ -1,0 +1,106 @@
+"""The packed input buffer of one step: where each field lives, on the host and the device.
+
+Every input of a step travels in ONE int32 buffer (float fields bit-cast into it), moved
+with one transfer and sliced on the device at static offsets.
+
+Legend: T tokens (the bucket), R attention rows (`max_num_seqs`), Rs sampled rows
+(`min(T, max_num_seqs)`), W block table width.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vjx.sampling_params import MAX_MIN_TOKENS_STOP_IDS
+
+_MIN_TOKEN_BUCKET = 16
+_FLOAT_FIELDS = frozenset({"temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                           "repetition_penalty"})
+
+
+def token_buckets(max_num_batched_tokens: int) -> list[int]:
+    """Powers of two from 16, closed by `max_num_batched_tokens` itself."""
+    buckets = []
+    size = _MIN_TOKEN_BUCKET
+    while size < max_num_batched_tokens:
+        buckets.append(size)
+        size *= 2
+    buckets.append(max_num_batched_tokens)
+    return buckets
+
+
+@dataclasses.dataclass(frozen=True)
+class StepLayout:
+    """Field offsets of the packed buffer for one bucket (all sizes static)."""
+
+    num_tokens: int  # T
+    num_reqs: int  # R
+    num_sampled: int  # Rs
+    max_num_blocks_per_req: int  # W
+    max_logprobs: int  # K: static width of the logprobs the step returns
+
+    @functools.cached_property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        t, r, rs = self.num_tokens, self.num_reqs, self.num_sampled
+        return {
+            # per token
+            "input_ids": (t,),
+            "prev_sampled_index": (t,),  # -1: the host knows the token
+            "positions": (t,),
+            "slot_mapping": (t,),
+            "token_slots": (t,),  # persistent-batch slot (R: padding), for the token history
+            "prompt_logprobs_targets": (t,),  # next prompt token when asked for, else -1
+            # per attention row
+            "query_start_loc": (r + 1,),
+            "seq_lens": (r,),
+            "num_seqs": (1,),
+            "block_tables": (r, self.max_num_blocks_per_req),
+            # per sampled row
+            "logits_indices": (rs,),
+            "sample_slots": (rs,),
+            "temperature": (rs,),
+            "top_k": (rs,),
+            "top_p": (rs,),
+            "min_p": (rs,),
+            "presence_penalty": (rs,),
+            "frequency_penalty": (rs,),
+            "repetition_penalty": (rs,),
+            "seeds": (rs,),
+            "sample_positions": (rs,),
+            "num_prompt_tokens": (rs,),
+            "num_logprobs": (rs,),  # -1: none
+            "is_below_min_tokens": (rs,),
+            "stop_token_ids": (rs, MAX_MIN_TOKENS_STOP_IDS),  # padded with -1
+        }
+
+    @functools.cached_property
+    def fields(self) -> dict[str, tuple[int, int]]:
+        offsets, start = {}, 0
+        for name, shape in self.shapes.items():
+            size = int(np.prod(shape))
+            offsets[name] = (start, start + size)
+            start += size
+        return offsets
+
+    @property
+    def size(self) -> int:
+        return max(end for _, end in self.fields.values())
+
+    def view(self, packed: np.ndarray, name: str) -> np.ndarray:
+        """The host buffer's slice for `name`, in its shape (float fields as float32)."""
+        start, end = self.fields[name]
+        part = packed[start:end].reshape(self.shapes[name])
+        return part.view(np.float32) if name in _FLOAT_FIELDS else part
+
+    def unpack(self, packed: jax.Array) -> dict[str, jax.Array]:
+        """Every field as a device array of its shape and dtype."""
+        out = {}
+        for name, (start, end) in self.fields.items():
+            part = packed[start:end].reshape(self.shapes[name])
+            if name in _FLOAT_FIELDS:
+                part = jax.lax.bitcast_convert_type(part, jnp.float32)
+            out[name] = part
+        return out
