@@ -7,6 +7,10 @@ time (the compile time is reported too), runs it once untimed, then `--repeats` 
 table shows the median and the fastest run in ms. The logits are float32 normals x 4, every
 row samples with the same parameters, and the histories (prompt + output tokens, for the
 penalties and bad words) are random ids, `--history-len` columns, the last quarter output.
+The logits are an argument of the compiled call, so XLA copies them once before the
+processors' `lax.cond`s (one pass over the logits: most of the gap between `jnp.argmax
+alone` and the greedy cases); inside the model step they are a temporary, and that copy
+happens only in a branch that runs a processor.
 
 It measures the default JAX backend: on a GPU machine (e.g. the H200) the same command
 times the GPU, and the JSON's `device` field says which one ran. Prints one table and

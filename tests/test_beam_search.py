@@ -138,20 +138,21 @@ def test_beam_width_one_is_greedy(llm):
 
 
 def test_beams_score_what_the_model_gives_them(llm):
-    params = BeamSearchParams(beam_width=3, max_tokens=6)
-    outputs = llm.beam_search(PROMPTS[2:4], params)
+    """Each beam's cumulative logprob is what transformers gives its tokens (EOS included)."""
+    (output,) = llm.beam_search([PROMPTS[2]], BeamSearchParams(beam_width=3, max_tokens=6))
+    tokenizer, eos = llm.get_tokenizer(), llm.get_tokenizer().eos_token_id
+    num_prompt_tokens = len(tokenizer.encode(PROMPTS[2]))
+    assert len({tuple(s.tokens) for s in output.sequences}) == 3
+    scores = [get_beam_search_score(s.tokens, s.cum_logprob, eos, 1.0) for s in output.sequences]
+    assert scores == sorted(scores, reverse=True)
+    rows = [s.tokens + ([eos] if s.finish_reason == "stop" else []) for s in output.sequences]
+    width = max(map(len, rows))
     config = llm.llm_engine.config.model_config
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(config.model, dtype=torch.float32).eval()
-    eos = llm.get_tokenizer().eos_token_id
-    for prompt, output in zip(PROMPTS[2:4], outputs):
-        num_prompt_tokens = len(llm.get_tokenizer().encode(prompt))
-        assert len(output.sequences) == 3
-        assert len({tuple(s.tokens) for s in output.sequences}) == 3
-        scores = [get_beam_search_score(s.tokens, s.cum_logprob, eos, 1.0) for s in output.sequences]
-        assert scores == sorted(scores, reverse=True)
-        for sequence in output.sequences:
-            tokens = sequence.tokens + ([eos] if sequence.finish_reason == "stop" else [])
-            with torch.no_grad():
-                logits = hf_model(torch.as_tensor([tokens[:-1]])).logits[0, num_prompt_tokens - 1 :]
-            logprobs = torch.log_softmax(logits, -1).gather(1, torch.as_tensor(tokens[num_prompt_tokens:])[:, None])
-            assert sequence.cum_logprob == pytest.approx(float(logprobs.sum()), abs=1e-3)
+    with torch.no_grad():
+        # Right padding leaves every real position's logits as they are (causal attention).
+        logits = hf_model(torch.as_tensor([row + [0] * (width - len(row)) for row in rows])).logits
+    logprobs = torch.log_softmax(logits, -1)
+    for sequence, row, row_logprobs in zip(output.sequences, rows, logprobs):
+        expected = sum(float(row_logprobs[i - 1, row[i]]) for i in range(num_prompt_tokens, len(row)))
+        assert sequence.cum_logprob == pytest.approx(expected, abs=1e-3)

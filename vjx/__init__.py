@@ -1,8 +1,9 @@
 """vjx: vLLM's v1 engine on JAX/XLA."""
 
+from vjx.beam_search import BeamSearchParams
 from vjx.engine_args import EngineArgs
 from vjx.llm import LLM
 from vjx.outputs import CompletionOutput, RequestOutput
 from vjx.sampling_params import SamplingParams
 
-__all__ = ["LLM", "EngineArgs", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "EngineArgs", "SamplingParams", "BeamSearchParams", "RequestOutput", "CompletionOutput"]

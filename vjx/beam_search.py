@@ -6,7 +6,7 @@ Each candidate's cumulative logprob is its beam's plus the token's logprob; cand
 ending in EOS are set aside as completed (unless `ignore_eos`), and the best `beam_width`
 of the rest, by `get_beam_search_score`, are the next step's beams. After `max_tokens`
 steps the completed and live beams are ranked together and the best `beam_width` returned.
-The engine's prefix cache keeps each step cheap: a beam's tokens but its last are cached.
+The engine's prefix cache keeps each step cheap: a beam's full KV blocks are found cached.
 """
 
 import dataclasses

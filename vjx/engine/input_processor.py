@@ -157,12 +157,6 @@ class InputProcessor:
 
 # Fields whose non-default value the engine cannot honour yet: refused, never ignored.
 _UNSUPPORTED_DEFAULTS = {
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
-    "repetition_penalty": 1.0,
-    "min_p": 0.0,
-    "logprobs": None,
-    "prompt_logprobs": None,
     "logit_bias": None,
     "allowed_token_ids": None,
     "bad_words": [],

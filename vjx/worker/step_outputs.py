@@ -48,7 +48,7 @@ def collect_logprobs(
         ids, lps, ranks = (np.asarray(a) for a in logprobs)
         for i in np.flatnonzero(wants):
             rows = slice(i, i + 1)
-            width = record.num_logprobs[i] + 1
+            width = int(record.num_logprobs[i]) + 1
             output.logprobs[record.req_ids[i]] = _lists(ids[rows], lps[rows], ranks[rows], width)
     if record.has_prompt_target.any():
         ids, lps, ranks = (np.asarray(a) for a in prompt_logprobs)
