@@ -89,3 +89,30 @@ def test_n_samples_share_the_prompt_blocks(llm):
     full_blocks = (len(output.prompt_token_ids) - 1) // 16 * 16
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
     assert scheduler.kv_cache_manager.prefix_cache_stats.num_hit_tokens >= 3 * full_blocks
+
+
+def test_logit_bias_allowed_tokens_and_bad_words(llm):
+    tokenizer = llm.get_tokenizer()
+    greedy = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    plain = llm.generate(PROMPT, greedy, use_tqdm=False)[0].outputs[0]
+    first = plain.token_ids[0]  # " Paris"
+    forced = tokenizer.encode(" London", add_special_tokens=False)[0]
+    biased = llm.generate(
+        PROMPT, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logit_bias={forced: 100.0}),
+        use_tqdm=False,
+    )[0].outputs[0]
+    assert biased.token_ids[0] == forced
+    allowed = [first, forced]
+    only = llm.generate(
+        PROMPT, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, allowed_token_ids=allowed),
+        use_tqdm=False,
+    )[0].outputs[0]
+    assert set(only.token_ids) <= set(allowed)
+    banned = llm.generate(
+        PROMPT, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, bad_words=["Paris"]),
+        use_tqdm=False,
+    )[0].outputs[0]
+    assert first not in banned.token_ids
+    # A slot that held a biased request holds a neutral row again for the next one.
+    again = llm.generate([PROMPT] * 3, greedy, use_tqdm=False)
+    assert all(o.outputs[0].token_ids == plain.token_ids for o in again)

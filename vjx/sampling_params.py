@@ -5,6 +5,10 @@ import enum
 
 _SAMPLING_EPS = 1e-5
 _MAX_LOGIT_BIAS = 100.0
+MAX_BAD_WORDS = 32
+"""Token sequences (each bad word, with and without a leading space) one request may ban."""
+MAX_BAD_WORD_TOKENS = 8
+"""Tokens in one banned sequence."""
 MAX_MIN_TOKENS_STOP_IDS = 16
 """Stop ids (EOS included) the step can hold back while a request is below `min_tokens`."""
 
@@ -53,6 +57,10 @@ class SamplingParams:
     bad_words: list[str] | None = None
     truncate_prompt_tokens: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    bad_words_token_ids: list[list[int]] | None = dataclasses.field(
+        default=None, init=False, repr=False, compare=False
+    )
+    """Set by the engine's input processor: the token ids of each bad word."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

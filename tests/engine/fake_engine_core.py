@@ -125,9 +125,6 @@ def write_model_dir(path: pathlib.Path) -> str:
 
 
 def make_llm(path: pathlib.Path, monkeypatch, **kwargs) -> LLM:
-    """An `LLM` whose engine core is a `FakeEngineCore`; the engine accepts `logprobs` and
-    `prompt_logprobs` here whether or not the real runner does yet."""
+    """An `LLM` whose engine core is a `FakeEngineCore`."""
     monkeypatch.setattr(vjx.engine.llm_engine, "InprocClient", FakeEngineCore)
-    for name in ("logprobs", "prompt_logprobs"):
-        monkeypatch.delitem(vjx.engine.input_processor._UNSUPPORTED_DEFAULTS, name, raising=False)
     return LLM(write_model_dir(path), **kwargs)

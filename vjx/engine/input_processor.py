@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerBase
 
 from vjx.config import ModelConfig
 from vjx.engine.messages import EngineCoreRequest
-from vjx.sampling_params import SamplingParams
+from vjx.sampling_params import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS, SamplingParams
 
 PromptType = str | dict[str, Any]
 """A text, `{"prompt": text}`, or `{"prompt_token_ids": [ids]}`; a dict may add `"cache_salt"`."""
@@ -117,17 +117,18 @@ class InputProcessor:
                     f"{name}={value} is more than max_logprobs={self.max_logprobs} allows: "
                     f"ask for at most {self.max_logprobs}."
                 )
-        self.tokenize_bad_words(params.bad_words)  # raises on blank or out-of-vocabulary words
-        _reject_unsupported(params)
+        bad_words_token_ids = self.tokenize_bad_words(params.bad_words)
         max_tokens = params.max_tokens
         if max_tokens is None:
             max_tokens = self.model_config.max_model_len - num_prompt_tokens
-        return dataclasses.replace(
+        params = dataclasses.replace(
             params,
             stop=list(params.stop),
             stop_token_ids=list(params.stop_token_ids),
             max_tokens=max_tokens,
         )
+        params.bad_words_token_ids = bad_words_token_ids or None
+        return params
 
     def _check_token_ids(self, name: str, token_ids: list[int]) -> None:
         bad_ids = [t for t in token_ids if not 0 <= t < self.vocab_size]
@@ -152,19 +153,11 @@ class InputProcessor:
                 token_ids.append(spaced)
         for ids in token_ids:
             self._check_token_ids("bad_words", ids)
+        if len(token_ids) > MAX_BAD_WORDS or any(len(ids) > MAX_BAD_WORD_TOKENS for ids in token_ids):
+            raise ValueError(
+                f"bad_words must tokenize to at most {MAX_BAD_WORDS} sequences (each word with and "
+                f"without a leading space) of at most {MAX_BAD_WORD_TOKENS} tokens, got "
+                f"{[len(ids) for ids in token_ids]}."
+            )
         return token_ids
 
-
-# Fields whose non-default value the engine cannot honour yet: refused, never ignored.
-_UNSUPPORTED_DEFAULTS = {
-    "logit_bias": None,
-    "allowed_token_ids": None,
-    "bad_words": [],
-}
-
-
-def _reject_unsupported(params: SamplingParams) -> None:
-    for name, default in _UNSUPPORTED_DEFAULTS.items():
-        value = getattr(params, name)
-        if value != default:
-            raise ValueError(f"{name}={value!r} is not supported by vjx yet; leave it at {default!r}.")

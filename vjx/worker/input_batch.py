@@ -56,6 +56,7 @@ class InputBatch:
         self.num_logprobs = np.full(max_num_reqs, -1, np.int32)
         self.num_prompt_logprobs = np.full(max_num_reqs, -1, np.int32)
         self.min_tokens = np.zeros(max_num_reqs, np.int32)
+        self.has_logit_bias = np.zeros(max_num_reqs, bool)
         self.min_tokens_stop_ids = np.full((max_num_reqs, MAX_MIN_TOKENS_STOP_IDS), -1, np.int32)
         self.block_table = BlockTable(max_num_reqs, max_num_blocks_per_req)
 
@@ -86,6 +87,7 @@ class InputBatch:
         wants_prompt_logprobs = params.prompt_logprobs is not None and not state.has_sent_prompt_logprobs
         self.num_prompt_logprobs[row] = params.prompt_logprobs if wants_prompt_logprobs else -1
         self._set_min_tokens(row, state)
+        self.has_logit_bias[row] = bool(params.logit_bias or params.allowed_token_ids)
         self.block_table.add_row(state.block_ids, row)
         return row
 

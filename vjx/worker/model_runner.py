@@ -25,6 +25,7 @@ from vjx.worker.compile_watch import CompileWatch
 from vjx.worker.input_batch import CachedRequestState, InputBatch
 from vjx.worker.step import compile_step, enable_compilation_cache
 from vjx.worker.step_layout import StepLayout, token_buckets
+from vjx.worker.slot_tables import SlotTables
 from vjx.worker.step_outputs import StepRecord, collect_logprobs
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ class ModelRunner:
         self.requests: dict[str, CachedRequestState] = {}
         self.kv_caches = kv_caches
         self.history = jnp.zeros((self.max_num_reqs, sched.max_model_len), jnp.int32)
+        self.slot_tables = SlotTables(self.max_num_reqs, config.model_config.hf_config.vocab_size)
         self.graphdef, state = nnx.split(model)
         self.param_leaves, self.treedef = jax.tree.flatten(state)
         self.layouts = {
@@ -77,7 +79,7 @@ class ModelRunner:
     def compile_layout(self, num_tokens: int):
         return compile_step(
             self.layouts[num_tokens], self.graphdef, self.treedef, self.param_leaves, self.kv_caches,
-            self.history,
+            self.history, self.slot_tables.arrays,
         )
 
     def execute_model(
@@ -95,7 +97,8 @@ class ModelRunner:
         packed, record = self._prepare_inputs(layout, rows, num_tokens)
         with self.compile_watch:
             self.kv_caches, self.history, sampled, logprobs, prompt_logprobs = self._compiled[layout.num_tokens](
-                self.param_leaves, self.kv_caches, self.history, self._last_sampled, jax.device_put(packed)
+                self.param_leaves, self.kv_caches, self.history, self.slot_tables.arrays, self._last_sampled,
+                jax.device_put(packed),
             )
         self._last_sampled = sampled
         self._last_sample_index = {r: i for i, r in enumerate(record.req_ids) if record.is_sampling[i]}
@@ -121,7 +124,7 @@ class ModelRunner:
                 eos_token_id=new.eos_token_id,
             )
             self.requests[new.req_id] = state
-            batch.add_request(state)
+            self._add_to_batch(state)
         cached = so.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
             self._update_cached_request(
@@ -131,6 +134,10 @@ class ModelRunner:
                 cached.resumed_from_preemption[i],
             )
 
+    def _add_to_batch(self, state: CachedRequestState) -> None:
+        row = self.input_batch.add_request(state)
+        self.slot_tables.set_slot(row, state.sampling_params)
+
     def _update_cached_request(self, state, num_computed, new_block_ids, resumed) -> None:
         batch = self.input_batch
         state.num_computed_tokens = num_computed
@@ -138,7 +145,7 @@ class ModelRunner:
         state.block_ids = new_ids if resumed else state.block_ids + new_ids
         row = batch.req_id_to_index.get(state.req_id)
         if row is None:
-            batch.add_request(state)
+            self._add_to_batch(state)
             return
         batch.num_computed_tokens[row] = num_computed
         if new_ids:
@@ -219,6 +226,7 @@ class ModelRunner:
         layout.view(packed, "num_prompt_tokens")[:num_rows] = batch.num_prompt_tokens[rows]
         layout.view(packed, "num_logprobs")[:] = -1
         layout.view(packed, "num_logprobs")[:num_rows] = batch.num_logprobs[rows]
+        layout.view(packed, "has_logit_bias")[:num_rows] = batch.has_logit_bias[rows]
         num_outputs = batch.num_tokens[rows] + num_pending - batch.num_prompt_tokens[rows]
         layout.view(packed, "sample_positions")[:num_rows] = num_outputs
         layout.view(packed, "is_below_min_tokens")[:num_rows] = num_outputs < batch.min_tokens[rows]

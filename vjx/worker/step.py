@@ -1,7 +1,7 @@
 """The jitted model step and its AOT compilation.
 
-One step is `(param_leaves, kv_caches, history, prev_sampled, packed) -> (kv_caches, history,
-sampled, logprobs, prompt_logprobs)`. `kv_caches` and `history` (every slot's tokens so far,
+One step is `(param_leaves, kv_caches, history, slot_tables, prev_sampled, packed) ->
+(kv_caches, history, sampled, logprobs, prompt_logprobs)`. `kv_caches` and `history` (every slot's tokens so far,
 for penalties) are donated, so they are updated in place. `prev_sampled` is the previous
 step's output, still on the device: with async scheduling a step is planned before its
 predecessor's tokens reach the host, and the tokens it needs are read from there
@@ -46,10 +46,18 @@ def _attention_metadata(layout: StepLayout, f: dict) -> AttentionMetadata:
     )
 
 
-def _sampling_metadata(layout: StepLayout, f: dict, history, vocab_size: int) -> SamplingMetadata:
+def _sampling_metadata(layout: StepLayout, f: dict, history, slot_tables) -> SamplingMetadata:
     """Sampled row i is attention row i (rows are in the same order); padding rows have no
-    tokens, so no penalty touches them. The history is gathered only when some row needs it."""
+    tokens, so no penalty touches them. The history and the bias rows are gathered only when
+    some row needs them."""
     rs = layout.num_sampled
+    slot_bias, slot_bad_words = slot_tables
+    has_logit_bias = f["has_logit_bias"] > 0
+    logit_bias = jax.lax.cond(
+        jnp.any(has_logit_bias),
+        lambda: slot_bias[f["sample_slots"]],
+        lambda: jnp.zeros((rs, slot_bias.shape[1]), jnp.float32),
+    )
     num_tokens = jnp.where(jnp.arange(rs) < f["num_seqs"][0], f["seq_lens"][:rs], 0)
     needs_history = jnp.any((f["presence_penalty"] != 0) | (f["frequency_penalty"] != 0)
                             | (f["repetition_penalty"] != 1))
@@ -71,11 +79,11 @@ def _sampling_metadata(layout: StepLayout, f: dict, history, vocab_size: int) ->
         token_ids=token_ids,
         num_prompt_tokens=f["num_prompt_tokens"],
         num_tokens=num_tokens,
-        logit_bias=jnp.zeros((rs, vocab_size), jnp.float32),
-        has_logit_bias=jnp.zeros((rs,), bool),
+        logit_bias=logit_bias,
+        has_logit_bias=has_logit_bias,
         stop_token_ids=f["stop_token_ids"],
         is_below_min_tokens=f["is_below_min_tokens"] > 0,
-        bad_words=jnp.full((rs, 1, 1), -1, jnp.int32),
+        bad_words=slot_bad_words[f["sample_slots"]],
     )
 
 
@@ -113,7 +121,8 @@ def _prompt_logprobs(layout: StepLayout, model, hidden, targets):
     return jax.lax.cond(jnp.any(targets >= 0), compute, lambda: _empty_logprobs(num_tokens, k))
 
 
-def model_step(layout: StepLayout, graphdef, treedef, param_leaves, kv_caches, history, prev_sampled, packed):
+def model_step(layout: StepLayout, graphdef, treedef, param_leaves, kv_caches, history, slot_tables,
+               prev_sampled, packed):
     """Forward the step's tokens, write their KV, and sample one token per row.
 
     The sampled ids are padded to R rows, so every variant returns (and takes back as
@@ -126,19 +135,19 @@ def model_step(layout: StepLayout, graphdef, treedef, param_leaves, kv_caches, h
     model = nnx.merge(graphdef, jax.tree.unflatten(treedef, param_leaves))
     hidden, kv_caches = model(input_ids, f["positions"], kv_caches, _attention_metadata(layout, f))
     logits = model.compute_logits(hidden[f["logits_indices"]])
-    sampled = sample(logits, _sampling_metadata(layout, f, history, logits.shape[-1]))
+    sampled = sample(logits, _sampling_metadata(layout, f, history, slot_tables))
     logprobs = _sample_logprobs(layout, logits, sampled, f["num_logprobs"])
     prompt_logprobs = _prompt_logprobs(layout, model, hidden, f["prompt_logprobs_targets"])
     sampled = jnp.pad(sampled, (0, layout.num_reqs - layout.num_sampled))
     return kv_caches, history, sampled, logprobs, prompt_logprobs
 
 
-def compile_step(layout: StepLayout, graphdef, treedef, param_leaves, kv_caches, history):
+def compile_step(layout: StepLayout, graphdef, treedef, param_leaves, kv_caches, history, slot_tables):
     """AOT-compiles the step for one layout; the result is called with real arrays."""
     fn = jax.jit(functools.partial(model_step, layout, graphdef, treedef), donate_argnums=(1, 2))
     structs = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-        (param_leaves, kv_caches, history),
+        (param_leaves, kv_caches, history, slot_tables),
     )
     prev_sampled = jax.ShapeDtypeStruct((layout.num_reqs,), jnp.int32)
     packed = jax.ShapeDtypeStruct((layout.size,), jnp.int32)

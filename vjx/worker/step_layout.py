@@ -73,6 +73,7 @@ class StepLayout:
             "num_prompt_tokens": (rs,),
             "num_logprobs": (rs,),  # -1: none
             "is_below_min_tokens": (rs,),
+            "has_logit_bias": (rs,),
             "stop_token_ids": (rs, MAX_MIN_TOKENS_STOP_IDS),  # padded with -1
         }
 
