@@ -8,7 +8,6 @@ prompts then run as chunked prefills mixed with decodes, the kernel's hardest ca
 """
 
 from vjx import LLM, SamplingParams
-from vjx.attention.pallas_gpu import PallasGpuBackend
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "List three colors:", "Water boils at"]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)

@@ -13,7 +13,6 @@ import pathlib
 
 import numpy as np
 
-import vjx.engine.input_processor
 import vjx.engine.llm_engine
 from tests.engine.test_output_processor import EOS, make_tokenizer
 from vjx import LLM

@@ -6,7 +6,6 @@ import pytest
 
 from tests.engine.test_output_processor import BOS, EOS, make_tokenizer
 from vjx.config import ModelConfig
-from vjx.engine import input_processor
 from vjx.engine.input_processor import InputProcessor
 from vjx.sampling_params import SamplingParams
 

@@ -11,7 +11,7 @@ word's length: the -1 padding on a word's left matches anything.
 """
 
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import Array, Bool, Float
 
 from vjx.sampling.metadata import SamplingMetadata
 
