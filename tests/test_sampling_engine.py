@@ -113,6 +113,12 @@ def test_logit_bias_allowed_tokens_and_bad_words(llm):
         use_tqdm=False,
     )[0].outputs[0]
     assert first not in banned.token_ids
+    banned_end = llm.generate(
+        PROMPT, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, bad_words=["Paris."]),
+        use_tqdm=False,
+    )[0].outputs[0]
+    assert plain.token_ids[:2] == tokenizer.encode(" Paris.", add_special_tokens=False)
+    assert banned_end.token_ids[0] == first and banned_end.token_ids[1] != plain.token_ids[1]
     # A slot that held a biased request holds a neutral row again for the next one.
     again = llm.generate([PROMPT] * 3, greedy, use_tqdm=False)
     assert all(o.outputs[0].token_ids == plain.token_ids for o in again)

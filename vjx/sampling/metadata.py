@@ -7,10 +7,11 @@ The model runner builds these arrays every step; every field keeps its shape and
 step to step, so only `all_greedy` selects a compiled variant. Each logits processor has a
 neutral value and is skipped at run time (`lax.cond`) when no row uses it.
 
-Padding rows: a row with `num_tokens == 0` has no history, so no penalty, bad word or stop
-token touches it, whatever its other fields hold; with `temperature == 0` it is greedy. A row
-of zeros is therefore a valid padding row. Real rows always have `num_tokens >= 1` (a
-request's prompt is never empty).
+Padding rows: a row with `num_tokens == 0` has no history, so no penalty or bad word touches
+it (nor makes the batch run those processors), whatever its penalties and words hold; with
+`has_logit_bias` and `is_below_min_tokens` False nothing else does, and `temperature == 0`
+makes it greedy. A row of zeros is therefore a valid padding row. Real rows always have
+`num_tokens >= 1` (a request's prompt is never empty).
 """
 
 import dataclasses

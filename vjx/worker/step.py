@@ -59,8 +59,10 @@ def _sampling_metadata(layout: StepLayout, f: dict, history, slot_tables) -> Sam
         lambda: jnp.zeros((rs, slot_bias.shape[1]), jnp.float32),
     )
     num_tokens = jnp.where(jnp.arange(rs) < f["num_seqs"][0], f["seq_lens"][:rs], 0)
+    bad_words = slot_bad_words[f["sample_slots"]]
+    # Penalties count the history; a bad word of several tokens matches its end.
     needs_history = jnp.any((f["presence_penalty"] != 0) | (f["frequency_penalty"] != 0)
-                            | (f["repetition_penalty"] != 1))
+                            | (f["repetition_penalty"] != 1)) | jnp.any(bad_words[:, :, :-1] >= 0)
     token_ids = jax.lax.cond(
         needs_history,
         lambda: history[f["sample_slots"]],
@@ -83,7 +85,7 @@ def _sampling_metadata(layout: StepLayout, f: dict, history, slot_tables) -> Sam
         has_logit_bias=has_logit_bias,
         stop_token_ids=f["stop_token_ids"],
         is_below_min_tokens=f["is_below_min_tokens"] > 0,
-        bad_words=slot_bad_words[f["sample_slots"]],
+        bad_words=bad_words,
     )
 
 
