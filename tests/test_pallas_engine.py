@@ -17,7 +17,7 @@ ENGINE_ARGS = dict(
 
 
 def _greedy_tokens(attention_backend: str) -> list[list[int]]:
-    llm = LLM(**ENGINE_ARGS, attention_backend=attention_backend)
+    llm = LLM(**ENGINE_ARGS, attention_backend=attention_backend, multiprocess=False)
     worker = llm.llm_engine.engine_core.engine_core.model_executor.worker
     assert worker.backend.name == attention_backend
     return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]

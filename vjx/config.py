@@ -90,3 +90,5 @@ class VjxConfig:
     parallel_config: ParallelConfig
     attention_backend: str
     """Name in the attention backend registry: "reference", "pallas_gpu" or "pallas_tpu"."""
+    multiprocess: bool = False
+    """`LLM` runs EngineCore in a child process (ZeroMQ) instead of in its own."""

@@ -5,6 +5,7 @@ The command-line flags are generated from the fields below; each field's `help` 
 
 import argparse
 import dataclasses
+import importlib.util
 import os
 import typing
 
@@ -50,12 +51,14 @@ class EngineArgs:
     long_prefill_token_threshold: int = _field(0, "Most prompt tokens a request computes per step; 0 = no cap.")
     scheduling_policy: str = _field("fcfs", f"One of {_POLICIES}: arrival order, or lower priority value first.")
     async_scheduling: bool | None = _field(None, "Plan the next step while the device runs this one; "
-                                           "on by default on accelerators, off on CPU.")
+                                           "on by default on accelerators (when both are installed), off on CPU.")
     disable_log_stats: bool = _field(False, "Do not log scheduler statistics every few seconds.")
     tensor_parallel_size: int = _field(1, "Devices to split the model over (only 1 so far).")
     load_format: str = _field("auto", f"How to read weights: one of {_LOAD_FORMATS}.")
     max_logprobs: int = _field(20, "Most logprobs (and prompt logprobs) a request may ask for.")
     attention_backend: str | None = _field(None, "Attention backend name; the platform's default when None.")
+    multiprocess: bool | None = _field(None, "Run EngineCore in its own process (needs pyzmq and msgspec); "
+                                       "on by default on accelerators (when both are installed), off on CPU.")
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
@@ -99,6 +102,7 @@ class EngineArgs:
             scheduler_config=self._scheduler_config(max_model_len),
             parallel_config=ParallelConfig(tensor_parallel_size=self.tensor_parallel_size),
             attention_backend=self.attention_backend or default_backend_name(),
+            multiprocess=self._multiprocess(),
         )
 
     def _verify_args(self) -> None:
@@ -179,6 +183,15 @@ class EngineArgs:
             scheduling_policy=self.scheduling_policy,
             async_scheduling=self._async_scheduling(),
         )
+
+    def _multiprocess(self) -> bool:
+        have_packages = all(importlib.util.find_spec(name) is not None for name in ("zmq", "msgspec"))
+        if self.multiprocess is None:
+            # Without the [serve] extra the engine stays in this process rather than failing.
+            return jax.default_backend() != "cpu" and have_packages
+        if self.multiprocess and not have_packages:
+            raise ValueError("multiprocess=True needs pyzmq and msgspec (pip install 'vjx[serve]').")
+        return self.multiprocess
 
     def _async_scheduling(self) -> bool:
         if self.async_scheduling is None:

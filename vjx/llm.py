@@ -46,6 +46,10 @@ class LLM:
         self.llm_engine = LLMEngine.from_engine_args(engine_args)
         self.request_counter = itertools.count()
 
+    def shutdown(self) -> None:
+        """Stops the engine core process, if the engine runs one."""
+        self.llm_engine.shutdown()
+
     def get_tokenizer(self):
         return self.llm_engine.get_tokenizer()
 

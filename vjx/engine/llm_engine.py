@@ -5,7 +5,9 @@ import time
 
 import transformers
 
-from vjx.engine.core_client import InprocClient
+from vjx.engine.core_client import InprocClient, SyncMPClient
+from vjx.engine.exceptions import EngineRequestError
+from vjx.engine.messages import EngineCoreRequest
 from vjx.engine.input_processor import InputProcessor
 from vjx.engine.output_processor import OutputProcessor
 from vjx.engine.parallel_sampling import ParentRequest
@@ -18,6 +20,23 @@ logger = logging.getLogger(__name__)
 _STATS_INTERVAL_S = 5.0
 
 
+def register_request(output_processor: OutputProcessor, request: EngineCoreRequest,
+                     prompt_text: str | None) -> list[EngineCoreRequest]:
+    """Starts tracking a request in the output processor; returns what EngineCore must run:
+    the request itself, or its n children when `n > 1` (seen as one request outside)."""
+    if request.sampling_params.n == 1:
+        output_processor.add_request(request, prompt_text)
+        return [request]
+    parent = ParentRequest(request, prompt_text)
+    output_processor.add_parent_request(parent)
+    children = []
+    for index in range(parent.sampling_params.n):
+        child = parent.make_child_request(index)
+        output_processor.add_request(child, prompt_text, parent, index)
+        children.append(child)
+    return children
+
+
 class LLMEngine:
     """vLLM's LLMEngine: `add_request` then `step` until `has_unfinished_requests` is False."""
 
@@ -27,7 +46,10 @@ class LLMEngine:
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(model_config.tokenizer)
         self.input_processor = InputProcessor(model_config, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer)
-        self.engine_core = InprocClient(self.config)
+        if self.config.multiprocess:
+            self.engine_core = SyncMPClient(engine_args)
+        else:
+            self.engine_core = InprocClient(self.config)
         self.log_stats = not engine_args.disable_log_stats
         self._last_stats_time = time.monotonic()
 
@@ -41,23 +63,21 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt, params: SamplingParams, priority: int = 0) -> None:
         """Adds a request; one with `n > 1` runs as n child requests, seen as one."""
         request, prompt_text = self.input_processor.process_inputs(request_id, prompt, params, priority=priority)
-        if request.sampling_params.n == 1:
-            self.output_processor.add_request(request, prompt_text)
-            self.engine_core.add_request(request)
-            return
-        parent = ParentRequest(request, prompt_text)
-        self.output_processor.add_parent_request(parent)
-        for index in range(parent.sampling_params.n):
-            child = parent.make_child_request(index)
-            self.output_processor.add_request(child, prompt_text, parent, index)
-            self.engine_core.add_request(child)
+        for engine_request in register_request(self.output_processor, request, prompt_text):
+            self.engine_core.add_request(engine_request)
 
     def abort_request(self, request_ids: list[str]) -> None:
         """Aborts unfinished requests (a parent's id aborts all its children)."""
         self.engine_core.abort_requests(self.output_processor.abort_requests(request_ids))
 
     def step(self) -> list[RequestOutput]:
-        outputs = self.engine_core.get_output()
+        """One step's outputs; raises EngineRequestError (the request is dropped) when the
+        engine process refused a request."""
+        try:
+            outputs = self.engine_core.get_output()
+        except EngineRequestError as e:
+            self.output_processor.abort_requests([e.request_id])
+            raise
         processed = self.output_processor.process_outputs(outputs.outputs)
         self.engine_core.abort_requests(processed.reqs_to_abort)
         if self.log_stats:
@@ -69,6 +89,12 @@ class LLMEngine:
         if now - self._last_stats_time >= _STATS_INTERVAL_S:
             self._last_stats_time = now
             logger.info("%s", self.engine_core.make_stats())
+
+    def reset_prefix_cache(self) -> bool:
+        return self.engine_core.reset_prefix_cache()
+
+    def shutdown(self) -> None:
+        self.engine_core.shutdown()
 
     def has_unfinished_requests(self) -> bool:
         return self.output_processor.has_unfinished_requests()

@@ -1,0 +1,230 @@
+"""EngineCoreProc: EngineCore in its own process, so the device stays busy while the front
+end tokenizes, detokenizes and serves HTTP.
+
+The child runs a busy loop (take inputs, step, queue outputs) with two socket threads: one
+decodes incoming messages into a queue, one sends queued outputs. The busy loop never
+touches a socket, so a slow front end never stalls a step. `EngineProcess` is the parent's
+handle: it binds the sockets (ipc:// in a private temp dir, or 127.0.0.1), spawns the
+child and waits for its handshake.
+"""
+
+import logging
+import multiprocessing
+import os
+import queue
+import shutil
+import tempfile
+import threading
+import time
+import traceback
+import weakref
+
+import jax
+import zmq
+
+from vjx.engine import serial
+from vjx.engine.core import EngineCore
+from vjx.engine_args import EngineArgs
+
+logger = logging.getLogger(__name__)
+
+_PARENT_POLL_S = 0.5
+_SHUTDOWN_TIMEOUT_S = 5.0
+_LINGER_MS = 2000
+_TRANSPORTS = ("ipc", "tcp")
+# Copied to the child so its compiles read and fill the parent's persistent cache.
+_JAX_CACHE_OPTIONS = (
+    "jax_compilation_cache_dir",
+    "jax_persistent_cache_min_compile_time_secs",
+    "jax_persistent_cache_min_entry_size_bytes",
+)
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Ends the child when its parent is gone (even killed), so no engine outlives it."""
+    while os.getppid() == parent_pid:
+        time.sleep(_PARENT_POLL_S)
+    os._exit(1)
+
+
+def run_engine_core(engine_args: bytes, addresses: dict[str, str], jax_options: dict, parent_pid: int) -> None:
+    """The child's entry point: build EngineCore, report readiness (or the error), serve."""
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True, name="vjx-parent-watch").start()
+    for name, value in jax_options.items():
+        jax.config.update(name, value)
+    context = zmq.Context()
+    handshake = context.socket(zmq.PUSH)
+    handshake.connect(addresses["handshake"])
+    try:
+        config = serial.decode_dataclass(engine_args, EngineArgs).create_engine_config()
+        engine_core = EngineCore(config)
+        proc = EngineCoreProc(engine_core, context, addresses)
+    except Exception:
+        handshake.send_multipart(serial.encode(serial.FAILED, traceback.format_exc()))
+        handshake.close(linger=_LINGER_MS)
+        return
+    ready = serial.EngineReady(engine_core.num_gpu_blocks, config.scheduler_config.max_model_len)
+    handshake.send_multipart(serial.encode(serial.READY, ready))
+    handshake.close(linger=_LINGER_MS)
+    proc.run_busy_loop()
+
+
+class EngineCoreProc:
+    """The child's busy loop around one EngineCore."""
+
+    def __init__(self, engine_core: EngineCore, context: zmq.Context, addresses: dict[str, str]):
+        self.engine_core = engine_core
+        self.input_queue: queue.Queue = queue.Queue()
+        self.output_queue: queue.Queue = queue.Queue()
+        input_socket = context.socket(zmq.PULL)
+        input_socket.connect(addresses["input"])
+        output_socket = context.socket(zmq.PUSH)
+        output_socket.connect(addresses["output"])
+        threading.Thread(target=self._receive_inputs, args=(input_socket,), daemon=True,
+                         name="vjx-engine-input").start()
+        self.output_thread = threading.Thread(target=self._send_outputs, args=(output_socket,), daemon=True,
+                                              name="vjx-engine-output")
+        self.output_thread.start()
+
+    def _receive_inputs(self, socket: zmq.Socket) -> None:
+        while True:
+            frames = socket.recv_multipart()
+            try:
+                self.input_queue.put(serial.decode(frames))
+            except ValueError as e:
+                # A malformed message is dropped; the engine keeps serving everyone else.
+                logger.warning("Rejected a message on the engine's input socket: %s", e)
+
+    def _send_outputs(self, socket: zmq.Socket) -> None:
+        while (frames := self.output_queue.get()) is not None:
+            socket.send_multipart(frames)
+        socket.close(linger=_LINGER_MS)
+
+    def run_busy_loop(self) -> None:
+        """Steps while there is work, sleeps on the input queue while there is none."""
+        try:
+            while True:
+                self._process_input_queue()
+                outputs = self.engine_core.step_fn()
+                if outputs.outputs or outputs.finished_requests:
+                    self.output_queue.put(serial.encode(serial.OUTPUTS, outputs))
+        except Exception:
+            logger.exception("EngineCore failed; the engine process exits.")
+            self.output_queue.put(serial.encode(serial.DEAD, traceback.format_exc()))
+            self.output_queue.put(None)
+            self.output_thread.join(_SHUTDOWN_TIMEOUT_S)
+            raise
+
+    def _has_work(self) -> bool:
+        scheduler = self.engine_core.scheduler
+        return (scheduler.has_unfinished_requests() or scheduler.has_finished_requests()
+                or bool(self.engine_core.batch_queue))
+
+    def _process_input_queue(self) -> None:
+        if not self._has_work():
+            self._handle(*self.input_queue.get())
+        while not self.input_queue.empty():
+            self._handle(*self.input_queue.get_nowait())
+
+    def _handle(self, kind: bytes, payload) -> None:
+        if kind == serial.ADD:
+            try:
+                self.engine_core.add_request(payload)
+            except Exception as e:
+                # The request fails alone; the others keep running.
+                error = serial.RequestError(payload.request_id, f"{type(e).__name__}: {e}")
+                self.output_queue.put(serial.encode(serial.REQUEST_ERROR, error))
+        elif kind == serial.ABORT:
+            self.engine_core.abort_requests(payload)
+        elif kind == serial.UTILITY:
+            self.output_queue.put(serial.encode(serial.UTILITY_RESULT, self._call_utility(payload)))
+        else:
+            logger.warning("Ignored a %s message on the engine's input socket.", kind.decode())
+
+    def _call_utility(self, call: serial.UtilityCall) -> serial.UtilityResult:
+        if call.method == "get_stats":
+            return serial.UtilityResult(call.call_id, result=serial.encode_result(self.engine_core.make_stats()))
+        if call.method == "reset_prefix_cache":
+            reset = self.engine_core.scheduler.reset_prefix_cache()
+            return serial.UtilityResult(call.call_id, result=serial.encode_result(reset))
+        return serial.UtilityResult(call.call_id, failure=f"method must be one of "
+                                    f"{sorted(serial.UTILITY_RESULT_TYPES)}, got {call.method!r}.")
+
+
+def _jax_cache_options() -> dict:
+    options = {name: getattr(jax.config, name, None) for name in _JAX_CACHE_OPTIONS}
+    return {name: value for name, value in options.items() if value is not None}
+
+
+def _stop(process: multiprocessing.process.BaseProcess, socket_dir: str) -> None:
+    if process.is_alive():
+        process.terminate()
+        process.join(_SHUTDOWN_TIMEOUT_S)
+    if process.is_alive():
+        process.kill()
+        process.join(_SHUTDOWN_TIMEOUT_S)
+    shutil.rmtree(socket_dir, ignore_errors=True)
+
+
+class EngineProcess:
+    """The parent's handle on the engine process: addresses, the child, and its reaping.
+
+    With `transport="ipc"` the sockets live in a private temp dir (mode 0700), so no TCP port
+    listens; `"tcp"` binds ports on 127.0.0.1 only. The child is a daemon and a finalizer
+    stops it at shutdown or interpreter exit.
+    """
+
+    def __init__(self, engine_args: EngineArgs, transport: str = "ipc"):
+        if transport not in _TRANSPORTS:
+            raise ValueError(f"transport must be one of {_TRANSPORTS}, got {transport!r}.")
+        self.socket_dir = tempfile.mkdtemp(prefix="vjx-engine-")
+        self.addresses = {
+            name: f"ipc://{self.socket_dir}/{name}" if transport == "ipc" else "tcp://127.0.0.1:*"
+            for name in ("handshake", "input", "output")
+        }
+        self.engine_args = engine_args
+        self.process: multiprocessing.process.BaseProcess | None = None
+        self._finalizer = None
+
+    def bind(self, socket: zmq.Socket, name: str) -> None:
+        """Binds the parent's end of socket `name`, then records the address the child dials."""
+        socket.bind(self.addresses[name])
+        self.addresses[name] = socket.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def start(self, context: zmq.Context, start_timeout_s: float) -> serial.EngineReady:
+        """Spawns the child and returns its handshake; raises RuntimeError with the child's error."""
+        handshake = context.socket(zmq.PULL)
+        self.bind(handshake, "handshake")
+        args = (serial.encode_dataclass(self.engine_args), self.addresses, _jax_cache_options(), os.getpid())
+        self.process = multiprocessing.get_context("spawn").Process(
+            target=run_engine_core, args=args, daemon=True, name="VjxEngineCore")
+        self.process.start()
+        self._finalizer = weakref.finalize(self, _stop, self.process, self.socket_dir)
+        try:
+            kind, payload = self._wait_handshake(handshake, start_timeout_s)
+        finally:
+            handshake.close(linger=0)
+        if kind == serial.FAILED:
+            self.shutdown()
+            raise RuntimeError(f"Engine process failed to start:\n{payload}")
+        return payload
+
+    def _wait_handshake(self, socket: zmq.Socket, timeout_s: float) -> tuple[bytes, object]:
+        deadline = time.monotonic() + timeout_s
+        while not socket.poll(int(_PARENT_POLL_S * 1000)):
+            if not self.process.is_alive():
+                self.shutdown()
+                raise RuntimeError(f"Engine process exited during start-up (exit code {self.process.exitcode}).")
+            if time.monotonic() > deadline:
+                self.shutdown()
+                raise RuntimeError(f"Engine process did not start within {timeout_s} s.")
+        return serial.decode(socket.recv_multipart())
+
+    def is_alive(self) -> bool:
+        return self.process is not None and self.process.is_alive()
+
+    def shutdown(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer()
+        else:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
