@@ -71,6 +71,7 @@ def _metadata(args: argparse.Namespace, fields: dict, has_masks: bool, all_greed
         num_prompt_tokens=np.full(r, history_len - history_len // 4, np.int32),
         num_tokens=np.full(r, history_len, np.int32),
         logit_bias=bias,
+        logit_bias_rows=np.arange(r, dtype=np.int32),
         has_logit_bias=np.full(r, has_masks),
         stop_token_ids=np.tile(np.array([2, 7], np.int32), (r, 1)),
         is_below_min_tokens=np.full(r, has_masks),

@@ -39,6 +39,7 @@ def make_metadata(num_rows, vocab_size, *, all_greedy=False, token_ids=None, log
     )
     for name, (value, shape, fill, dtype) in arrays.items():
         fields[name] = jnp.asarray(np.full(shape, fill, dtype) if value is None else np.asarray(value, dtype))
+    fields["logit_bias_rows"] = jnp.arange(num_rows, dtype=jnp.int32)
     return SamplingMetadata(**fields, all_greedy=all_greedy)
 
 

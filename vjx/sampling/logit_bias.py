@@ -3,8 +3,9 @@
 Legend: R sampled rows, V vocab.
 
 The runner folds a request's `logit_bias` (token -> bias, clamped to [-100, 100]) and its
-`allowed_token_ids` (-inf for every other token) into one [R, V] float32 row, so both are
-one add here. The add reads a second [R, V] array, so it runs only when some row has a bias.
+`allowed_token_ids` (-inf for every other token) into one float32 row of a [N, V] table, so
+both are one add here. The add gathers [R, V] from the table, so it runs only when some row
+has a bias.
 """
 
 import jax.numpy as jnp
@@ -19,4 +20,5 @@ def has_logit_bias(md: SamplingMetadata) -> Bool[Array, ""]:
 
 def apply_logit_bias(logits: Float[Array, "R V"], md: SamplingMetadata) -> Float[Array, "R V"]:
     """The logits plus the bias of each row that has one (-inf on tokens it does not allow)."""
-    return jnp.where(md.has_logit_bias[:, None], logits + md.logit_bias, logits)
+    bias_RV = md.logit_bias[md.logit_bias_rows]
+    return jnp.where(md.has_logit_bias[:, None], logits + bias_RV, logits)

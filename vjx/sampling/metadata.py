@@ -55,10 +55,14 @@ class SamplingMetadata:
     num_tokens: Int[Array, "R"]
     """int32 <= L; valid columns of token_ids (prompt + output). 0 marks a padding row."""
 
-    # Logit bias and allowed tokens, folded into one dense additive bias by the runner.
-    logit_bias: Float[Array, "R V"]
-    """float32; added to the logits: the request's logit_bias, and -inf for every token
-    outside its allowed_token_ids. Rows without either hold 0."""
+    # Logit bias and allowed tokens, folded into one dense additive bias per request by the
+    # runner, which keeps them in a table of N >= R rows (one per persistent-batch slot): the
+    # table is read, row by row, only when some row has a bias.
+    logit_bias: Float[Array, "N V"]
+    """float32; a request's logit_bias, and -inf for every token outside its
+    allowed_token_ids; 0 elsewhere."""
+    logit_bias_rows: Int[Array, "R"]
+    """int32; the table row of each sampled row (read only where has_logit_bias)."""
     has_logit_bias: Bool[Array, "R"]
     """bool; the row's logit_bias is not all zero. When no row has one the add is skipped."""
 

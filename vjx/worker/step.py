@@ -48,16 +48,10 @@ def _attention_metadata(layout: StepLayout, f: dict) -> AttentionMetadata:
 
 def _sampling_metadata(layout: StepLayout, f: dict, history, slot_tables) -> SamplingMetadata:
     """Sampled row i is attention row i (rows are in the same order); padding rows have no
-    tokens, so no penalty touches them. The history and the bias rows are gathered only when
-    some row needs them."""
+    tokens, so no penalty touches them. The history is gathered only when some row needs it;
+    the bias table goes to the sampler whole and is read there only for rows with a bias."""
     rs = layout.num_sampled
     slot_bias, slot_bad_words = slot_tables
-    has_logit_bias = f["has_logit_bias"] > 0
-    logit_bias = jax.lax.cond(
-        jnp.any(has_logit_bias),
-        lambda: slot_bias[f["sample_slots"]],
-        lambda: jnp.zeros((rs, slot_bias.shape[1]), jnp.float32),
-    )
     num_tokens = jnp.where(jnp.arange(rs) < f["num_seqs"][0], f["seq_lens"][:rs], 0)
     bad_words = slot_bad_words[f["sample_slots"]]
     # Penalties count the history; a bad word of several tokens matches its end.
@@ -81,8 +75,9 @@ def _sampling_metadata(layout: StepLayout, f: dict, history, slot_tables) -> Sam
         token_ids=token_ids,
         num_prompt_tokens=f["num_prompt_tokens"],
         num_tokens=num_tokens,
-        logit_bias=logit_bias,
-        has_logit_bias=has_logit_bias,
+        logit_bias=slot_bias,
+        logit_bias_rows=f["sample_slots"],
+        has_logit_bias=f["has_logit_bias"] > 0,
         stop_token_ids=f["stop_token_ids"],
         is_below_min_tokens=f["is_below_min_tokens"] > 0,
         bad_words=bad_words,
