@@ -13,7 +13,9 @@ from tests.sampling.metadata_helpers import make_metadata, pad_rows, reference_p
 
 # The metadata stays unchecked: `jit(...).lower` rebuilds pytrees with placeholder leaves.
 with install_import_hook("vjx.sampling.sampler", "beartype.beartype"):
-    from vjx.sampling.sampler import apply_top_k_top_p, sample
+    from vjx.sampling.sampler import sample
+with install_import_hook("vjx.sampling.top_k_top_p", "beartype.beartype"):
+    from vjx.sampling.top_k_top_p import SubsetShape, apply_top_k_top_p
 
 V = 64
 _sample = jax.jit(sample)
@@ -254,3 +256,47 @@ def test_rows_masked_to_one_token_draw_it_without_nan():
         has_logit_bias=True,
     )
     np.testing.assert_array_equal(_sample(logits, md), allowed)
+
+
+def _peaked_logits(rng, num_rows, vocab_size):
+    """LM-like rows: a few dozen likely tokens over a long tail, with ties (integer rows)."""
+    logits = rng.normal(size=(num_rows, vocab_size)).astype(np.float32) * 2
+    head = rng.integers(0, vocab_size, size=(num_rows, 24))
+    np.put_along_axis(logits, head, rng.normal(size=(num_rows, 24)).astype(np.float32) * 2 + 9, axis=1)
+    logits[1::5] = np.round(logits[1::5])
+    return logits
+
+
+def test_subset_search_keeps_exactly_the_sorted_reference_set():
+    import functools
+
+    from vjx.sampling import top_k_top_p
+
+    num_rows, vocab_size, subset = 60, 256, SubsetShape(chunk_size=8, num_chunks=4)
+    logits = _peaked_logits(np.random.default_rng(9), num_rows, vocab_size)
+    top_k = np.resize([1, 3, 4, 10, 50, 0, 2], num_rows)
+    top_p = np.resize(np.array([1.0, 0.9, 0.5, 0.05, 0.99], np.float32), num_rows)
+    on_subset = jax.jit(functools.partial(apply_top_k_top_p, subset=subset))
+    filtered = np.asarray(on_subset(logits, top_k, top_p))
+    for row in range(num_rows):
+        expected = _reference_kept(logits[row], top_k[row], top_p[row])
+        np.testing.assert_array_equal(np.isfinite(filtered[row]), expected, err_msg=f"row {row}")
+    # Both paths ran: some rows are exact on their subset, the others fell back.
+    ones = jnp.ones(num_rows, jnp.float32)
+    params = top_k_top_p.FilterParams(ones, 0 * ones, jnp.asarray(top_k), jnp.asarray(top_p))
+    _, is_exact = top_k_top_p._subset_thresholds(jnp.asarray(logits), jnp.asarray(logits), params, subset)
+    assert 0 < int(np.sum(is_exact)) < num_rows
+
+
+def test_draws_at_a_real_vocab_size_lie_in_the_reference_set():
+    num_rows, vocab_size = 8, 65536
+    assert SubsetShape().fits(vocab_size)
+    logits = _peaked_logits(np.random.default_rng(10), num_rows, vocab_size)
+    top_k = np.resize([50, 0, 20, 1], num_rows)
+    top_p = np.resize(np.array([0.9, 0.8, 1.0, 0.5], np.float32), num_rows)
+    scaled = logits / np.float32(0.8)
+    kept = [_reference_kept(scaled[row], top_k[row], top_p[row]) for row in range(num_rows)]
+    for position in range(4):
+        md = _md(num_rows, 0.8, top_k, top_p, seeds=np.arange(num_rows), positions=position, vocab_size=vocab_size)
+        for row, token in enumerate(np.asarray(_sample(logits, md))):
+            assert kept[row][token], f"row {row} drew {token} at position {position}"
