@@ -58,8 +58,9 @@ class AttentionTuning:
             raise ValueError(f"max_kv_splits must be >= 1, got {self.max_kv_splits}.")
 
 
-# Defaults by head dim. The D 128 decode knobs won an H200 sweep (64-key tiles, 4 warps, 2
-# stages: benchmarks/results/2026-11-29-h200-paged-attention.md); the others are starting
+# Defaults by head dim. The D 128 knobs won H200 sweeps (decode: 64-key tiles, 4 warps, 2
+# stages; prefill: 128 x 128 tiles, 8 warps, 2 stages, 0.54 ms against 0.64 ms for 128 x 64 on
+# a 4k prefill: benchmarks/results/2026-11-29-h200-paged-attention.md); the others are starting
 # points for `python -m benchmarks.kernels.ragged_paged_attention --sweep-stages ...`. The
 # tile area shrinks as head_dim grows so K, V, P and the accumulator stay in registers.
 _DEFAULTS = {
@@ -69,7 +70,7 @@ _DEFAULTS = {
     ),
     128: AttentionTuning(
         decode=KernelTuning(block_m=16, block_k=64, num_warps=4, num_stages=2),
-        prefill=KernelTuning(block_m=128, block_k=64, num_warps=8, num_stages=2),
+        prefill=KernelTuning(block_m=128, block_k=128, num_warps=8, num_stages=2),
     ),
     256: AttentionTuning(
         decode=KernelTuning(block_m=16, block_k=32, num_warps=4, num_stages=2),
