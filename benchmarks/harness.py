@@ -1,0 +1,119 @@
+"""The harness every engine benchmark shares: an in-process engine with its start-up times,
+seeded random prompts, the run's metadata, one printed markdown table and the JSON file.
+
+A result is a dict: the metadata of `run_metadata` (benchmark, engine, date, platform,
+device, command, model), the workload's arguments, and the benchmark's own fields.
+"""
+
+import argparse
+import datetime
+import json
+import platform
+import sys
+import time
+
+import numpy as np
+
+# Every vjx result names its engine so plots and tables can put baselines beside it.
+ENGINE_NAME = "vjx"
+
+
+def run_metadata(benchmark: str, engine: str, platform_name: str, device: str, model: str) -> dict:
+    """Date, device and the exact command line: what makes a result file reproducible."""
+    return {
+        "benchmark": benchmark,
+        "engine": engine,
+        "date": datetime.date.today().isoformat(),
+        "platform": platform_name,
+        "device": device,
+        "host": platform.processor() or platform.machine(),
+        "command": " ".join([sys.executable, *sys.argv]),
+        "argv": list(sys.argv),
+        "model": model,
+    }
+
+
+def jax_device() -> tuple[str, str]:
+    """(platform, device kind) of JAX's first device, e.g. ("gpu", "NVIDIA H200")."""
+    import jax
+
+    return jax.default_backend(), jax.devices()[0].device_kind
+
+
+def start_engine(args: argparse.Namespace):
+    """An in-process `LLM` from the parsed engine flags, and its start-up times in seconds.
+
+    In-process (`multiprocess=False`) so the engine core's load and warm-up times can be read.
+    """
+    from vjx import LLM, EngineArgs
+
+    start = time.perf_counter()
+    llm = LLM(**{**vars(EngineArgs.from_cli_args(args)), "multiprocess": False})
+    engine_ready = time.perf_counter() - start
+    core = llm.llm_engine.engine_core.engine_core
+    worker = getattr(core.model_executor, "worker", None)
+    startup = {
+        "load_s": getattr(worker, "load_time", None),
+        "warmup_s": core.warmup_time,
+        "engine_ready_s": engine_ready,
+    }
+    return llm, startup
+
+
+def prompt_vocab_size(llm) -> int:
+    """Ids drawn below half the vocab stay clear of the special tokens at its top."""
+    vocab_size = min(llm.llm_engine.config.model_config.hf_config.vocab_size, len(llm.get_tokenizer()))
+    return vocab_size // 2
+
+
+def random_token_ids(rng: np.random.Generator, vocab_size: int, lengths) -> list[list[int]]:
+    """One list of uniformly random token ids per entry of `lengths`."""
+    return [rng.integers(0, vocab_size, size=int(n)).tolist() for n in lengths]
+
+
+def workload_label(result: dict) -> str:
+    """A throughput run's requests and lengths, for tables and plots."""
+    if result["dataset"] == "sharegpt-synthetic":
+        return (f"{result['num_prompts']} x sharegpt-synthetic (mean {result['mean_input_len']:.0f} in, "
+                f"{result['mean_output_len']:.0f} out)")
+    return f"{result['num_prompts']} x ({result['input_len']} in, {result['output_len']} out)"
+
+
+def startup_rows(result: dict) -> list[tuple[str, str]]:
+    rows = []
+    if result.get("load_s") is not None:
+        rows.append(("load", f"{result['load_s']:.2f} s"))
+    if result.get("warmup_s") is not None:
+        rows.append(("warm-up (compile)", f"{result['warmup_s']:.2f} s"))
+    return rows
+
+
+def print_header(header: list[str]) -> None:
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header), flush=True)
+
+
+def print_row(row: list[str]) -> None:
+    """Flushed at once, so a long suite shows each result as soon as it is done."""
+    print("| " + " | ".join(row) + " |", flush=True)
+
+
+def print_table(header: list[str], rows: list[list[str]]) -> None:
+    """One markdown table."""
+    print_header(header)
+    for row in rows:
+        print_row(row)
+
+
+def write_json(path: str | None, result: dict) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=2)
+            f.write("\n")
+
+
+def fmt(value, spec: str = ".3f", unit: str = "") -> str:
+    """A number for a table cell; '-' where a value is unknown (e.g. no peak for the device)."""
+    if value is None:
+        return "-"
+    return f"{value:{spec}}{unit}"
