@@ -18,6 +18,7 @@ writes JSON to `--output-json`.
 """
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -38,8 +39,10 @@ _NUM_LOGPROBS = 20
 _FILTERS = dict(temperature=0.8, top_k=50, top_p=0.9)
 _PENALTIES = dict(presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.1)
 _CASES = {
-    # name: (per-row fields, extra processors on, all_greedy)
+    # name: (per-row fields, extra processors on, all_greedy); "static" cases also tell the
+    # sampler that no row filters or processes (the runner's flags for such a batch).
     "greedy (static all_greedy)": (dict(temperature=0.0), False, True),
+    "temperature only (static: no filter, no processor)": (dict(temperature=0.8), False, False),
     "greedy (all rows at run time)": (dict(temperature=0.0), False, False),
     "temperature only": (dict(temperature=0.8), False, False),
     "top-k 50 + top-p 0.9": (_FILTERS, False, False),
@@ -119,6 +122,8 @@ def run(args: argparse.Namespace) -> dict:
     results = {"jnp.argmax alone (reference)": _time(lambda x: jnp.argmax(x, axis=-1), logits, (), args.repeats)}
     for name, (fields, has_masks, all_greedy) in _CASES.items():
         md = _metadata(args, fields, has_masks, all_greedy)
+        if "static" in name:
+            md = dataclasses.replace(md, may_filter=False, may_process=False)
         results[name] = _time(sample, logits, (md,), args.repeats)
         print(f"{name}: {results[name]['median_ms']:.2f} ms", file=sys.stderr)
     chosen = jnp.zeros(args.num_rows, jnp.int32)

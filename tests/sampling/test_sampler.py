@@ -300,3 +300,16 @@ def test_draws_at_a_real_vocab_size_lie_in_the_reference_set():
         md = _md(num_rows, 0.8, top_k, top_p, seeds=np.arange(num_rows), positions=position, vocab_size=vocab_size)
         for row, token in enumerate(np.asarray(_sample(logits, md))):
             assert kept[row][token], f"row {row} drew {token} at position {position}"
+
+
+def test_static_flags_leave_out_what_the_batch_does_not_use():
+    num_rows = 16
+    logits = np.random.default_rng(11).normal(size=(num_rows, V)).astype(np.float32) * 3
+    md = _md(num_rows, temperature=np.resize([0.0, 0.7, 1.0, 1.6], num_rows), seeds=np.arange(num_rows), positions=5)
+    plain = dataclasses.replace(md, may_filter=False, may_process=False)
+    jaxpr = str(jax.make_jaxpr(sample)(jnp.asarray(logits), plain))
+    assert "cond" not in jaxpr and "while" not in jaxpr
+    np.testing.assert_array_equal(_sample(logits, plain), _sample(logits, md))
+    greedy = dataclasses.replace(plain, temperature=jnp.zeros(num_rows), all_greedy=True)
+    assert "cond" not in str(jax.make_jaxpr(sample)(jnp.asarray(logits), greedy))
+    np.testing.assert_array_equal(_sample(logits, greedy), logits.argmax(-1))

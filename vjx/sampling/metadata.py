@@ -4,8 +4,9 @@ Legend: R sampled rows (the request bucket `Rs` of the step), V vocab, L token h
 length, S stop tokens per row, B bad words per row, W tokens per bad word.
 
 The model runner builds these arrays every step; every field keeps its shape and dtype from
-step to step, so only `all_greedy` selects a compiled variant. Each logits processor has a
-neutral value and is skipped at run time (`lax.cond`) when no row uses it.
+step to step, so only the static flags at the end select a compiled variant. Each logits
+processor has a neutral value and, when its flag lets it in, is skipped at run time
+(`lax.cond`) when no row uses it.
 
 Padding rows: a row with `num_tokens == 0` has no history, so no penalty or bad word touches
 it (nor makes the batch run those processors), whatever its penalties and words hold; with
@@ -78,5 +79,12 @@ class SamplingMetadata:
     """int32; a word's last token gets -inf when the word's other tokens are the row's last
     OUTPUT tokens (a one-token word is always banned), as vLLM decides."""
 
+    # Static flags, set by the runner from what the batch's requests ask for (each is a
+    # compiled variant). A False flag leaves its code out of the program; a True one keeps it
+    # behind a run-time check, which on a GPU reads its predicate on the host.
     all_greedy: bool = dataclasses.field(default=False, metadata=dict(static=True))
-    """Static: every row is greedy, so the step compiles without the random draw."""
+    """Every row is greedy: the program is an argmax, without the random draw."""
+    may_filter: bool = dataclasses.field(default=True, metadata=dict(static=True))
+    """Some row may use min-p, top-k or top-p."""
+    may_process: bool = dataclasses.field(default=True, metadata=dict(static=True))
+    """Some row may use a logits processor (bias, allowed tokens, bad words, min_tokens, penalties)."""

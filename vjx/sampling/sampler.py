@@ -40,8 +40,7 @@ def sample(logits: Float[Array, "R V"], md: SamplingMetadata) -> Int[Array, "R"]
       b. penalties on the float32 logits: repetition (tokens of prompt or output), then
          frequency and presence (tokens of the output);
       c. greedy rows (temperature < 1e-5) take the argmax of THESE processed logits,
-         exactly; with `md.all_greedy` (static) that ends the program, and when every row
-         is greedy at run time the steps below are skipped;
+         exactly; with `md.all_greedy` (static) that ends the program;
       d. the others divide the processed logits by their temperature,
       e. keep the tokens that min-p keeps (probability >= min_p x the largest), top-k keeps
          (every logit >= the k-th largest, ties kept; `top_k` 0 or >= V keeps all), and
@@ -50,16 +49,21 @@ def sample(logits: Float[Array, "R V"], md: SamplingMetadata) -> Int[Array, "R"]
          distribution, ties kept, at least one token; `top_p` 1 keeps all),
       f. set the rest to -inf and draw with the Gumbel-max trick under the row's key
          fold_in(key(seed), position), which depends on nothing else in the batch.
-    A greedy batch that no processor touches is a bare argmax of `logits`.
+    Steps a-b and e are left out of the program when `md.may_process` / `md.may_filter`
+    (static) say no row uses them; a greedy batch without processors is a bare argmax.
     """
     if md.all_greedy:
         return _greedy(logits, md)
-    return lax.cond(jnp.all(md.temperature < _SAMPLING_EPS), _greedy, _sample_some_rows, logits, md)
+    processed_RV = apply_logits_processors(logits, md)
+    is_greedy_R = md.temperature < _SAMPLING_EPS
+    return jnp.where(is_greedy_R, _argmax(processed_RV), _draw(processed_RV, md))
 
 
 def apply_logits_processors(logits: Float[Array, "R V"], md: SamplingMetadata) -> Float[Array, "R V"]:
     """Steps a and b of `sample`: the float32 logits that greedy rows take the argmax of."""
     logits = logits.astype(jnp.float32)
+    if not md.may_process:
+        return logits
     for is_used, apply in _LOGITS_PROCESSORS:
         logits = lax.cond(is_used(md), apply, _unchanged, logits, md)
     return logits
@@ -76,27 +80,26 @@ def _argmax(logits: Float[Array, "R V"]) -> Int[Array, "R"]:
 def _greedy(logits: Float[Array, "R V"], md: SamplingMetadata) -> Int[Array, "R"]:
     """Every row greedy. Without a processor in use the raw logits are read once and never
     copied (a processor's `lax.cond` must copy logits that the caller still reads)."""
+    if not md.may_process:
+        return _argmax(logits)
     is_processed = jnp.any(jnp.stack([is_used(md) for is_used, _ in _LOGITS_PROCESSORS]))
     return lax.cond(
         is_processed, lambda: _argmax(apply_logits_processors(logits, md)), lambda: _argmax(logits)
     )
 
 
-def _sample_some_rows(logits: Float[Array, "R V"], md: SamplingMetadata) -> Int[Array, "R"]:
-    processed_RV = apply_logits_processors(logits, md)
-    is_greedy_R = md.temperature < _SAMPLING_EPS
-    return jnp.where(is_greedy_R, _argmax(processed_RV), _draw(processed_RV, md))
-
-
 def _draw(processed: Float[Array, "R V"], md: SamplingMetadata) -> Int[Array, "R"]:
     """Steps d to f of `sample`; greedy rows draw too (at temperature 1), to be discarded."""
     # Greedy rows divide by 1 so that they stay finite.
     temperature_R = jnp.where(md.temperature < _SAMPLING_EPS, 1.0, md.temperature).astype(jnp.float32)
-    # Materialized once: the top-p threshold is one of its elements, compared bit for bit.
-    scaled_RV = lax.optimization_barrier(processed / temperature_R[:, None])
-    params = FilterParams(temperature_R, md.min_p, md.top_k, md.top_p)
-    is_kept_RV = filter_mask(processed, scaled_RV, filter_thresholds(processed, scaled_RV, params))
-    filtered_RV = jnp.where(is_kept_RV, scaled_RV, -jnp.inf)
+    if md.may_filter:
+        # Materialized once: the top-p threshold is one of its elements, compared bit for bit.
+        scaled_RV = lax.optimization_barrier(processed / temperature_R[:, None])
+        params = FilterParams(temperature_R, md.min_p, md.top_k, md.top_p)
+        is_kept_RV = filter_mask(processed, scaled_RV, filter_thresholds(processed, scaled_RV, params))
+        filtered_RV = jnp.where(is_kept_RV, scaled_RV, -jnp.inf)
+    else:
+        filtered_RV = processed / temperature_R[:, None]
     keys_R = jax.vmap(_row_key)(md.seeds, md.positions)
     return jax.vmap(jax.random.categorical)(keys_R, filtered_RV).astype(jnp.int32)
 
