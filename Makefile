@@ -1,15 +1,21 @@
-# `make demo` and `make test` each work as the only command on a fresh machine.
+# `make serve`, `make demo` and `make test` each work as the only command on a fresh machine.
 PYTHON ?= python3.11
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test clean
+.PHONY: serve demo test clean
+
+# `make serve SERVE_ARGS="--port 9000 --max-model-len 2048"` passes flags to `vjx serve`.
+SERVE_ARGS ?=
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e ".[test,serve]"
 	touch $(STAMP)
+
+serve: $(STAMP)
+	$(VENV)/bin/vjx serve $(SERVE_ARGS)
 
 demo: $(STAMP)
 	$(VENV)/bin/vjx generate --prompt "What is the capital of France? Answer in one sentence." --max-tokens 48 --chat

@@ -1,11 +1,17 @@
-"""The `vjx` command: `vjx generate` (one completion from the command line)."""
+"""The `vjx` command: `vjx generate` (one completion from the command line), `vjx serve`
+(the OpenAI-compatible server) and `vjx bench` (the benchmarks)."""
 
 import argparse
 import logging
+import os
 import sys
 import time
 
+from serving.config_file import load_config_file
+from serving.server_args import ServerArgs
 from vjx.engine_args import EngineArgs
+
+API_KEY_ENV = "VJX_API_KEY"
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -32,7 +38,42 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _make_parser() -> argparse.ArgumentParser:
+def _serve(args: argparse.Namespace) -> int:
+    from serving.api_server import run_server
+
+    if args.model_tag is not None:
+        if args.model is not None and args.model != args.model_tag:
+            raise ValueError(f"model is given twice, as {args.model_tag!r} and --model {args.model!r}.")
+        args.model = args.model_tag
+    if args.api_key is None:
+        args.api_key = os.environ.get(API_KEY_ENV) or None
+    server_args = ServerArgs.from_cli_args(args)
+    run_server(EngineArgs.from_cli_args(args), server_args)
+    return 0
+
+
+def _add_serve_parser(commands) -> argparse.ArgumentParser:
+    serve = commands.add_parser(
+        "serve", help="Serve the OpenAI API (completions, chat, models, metrics) over HTTP.",
+        description="Serve the OpenAI-compatible API. Flags may also come from a YAML --config file; "
+                    "flags on the command line win.")
+    serve.add_argument("model_tag", nargs="?", default=None,
+                       help="HF model directory (same as --model); the embedded SmolLM2-135M-Instruct when left out.")
+    serve.add_argument("--config", default=None, help="YAML file of flags, e.g. 'max-model-len: 2048'.")
+    ServerArgs.add_cli_args(serve)
+    EngineArgs.add_cli_args(serve)
+    serve.set_defaults(handler=_serve)
+    return serve
+
+
+def _bench(argv: list[str]) -> int:
+    from benchmarks.cli import main as bench_main
+
+    return bench_main(argv)
+
+
+def _make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The `vjx` parser, and its `serve` subparser (which a --config file fills in)."""
     parser = argparse.ArgumentParser(prog="vjx", description="vLLM's v1 engine on JAX/XLA.")
     commands = parser.add_subparsers(dest="command", required=True)
     generate = commands.add_parser("generate", help="Complete one prompt and print the text.")
@@ -44,12 +85,34 @@ def _make_parser() -> argparse.ArgumentParser:
     generate.add_argument("-v", "--verbose", action="store_true", help="Log engine progress.")
     EngineArgs.add_cli_args(generate)
     generate.set_defaults(handler=_generate)
-    return parser
+    serve = _add_serve_parser(commands)
+    commands.add_parser("bench", help="Benchmarks: vjx bench {latency,throughput,serve} ... (see vjx bench --help).",
+                        add_help=False)
+    return parser, serve
+
+
+def _parse_args(argv: list[str]) -> argparse.Namespace:
+    """Parses `argv`; for `serve`, the --config file's flags become the defaults first."""
+    parser, serve = _make_parser()
+    if argv[:1] == ["serve"]:
+        config_parser = argparse.ArgumentParser(add_help=False)
+        config_parser.add_argument("--config", default=None)
+        config_path = config_parser.parse_known_args(argv[1:])[0].config
+        if config_path is not None:
+            serve.set_defaults(**load_config_file(config_path, serve))
+    return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _make_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:
+        return _bench(argv[1:])
+    try:
+        args = _parse_args(argv)
+    except ValueError as e:
+        print(f"vjx: error: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING)
     try:
         return args.handler(args)
     except ValueError as e:

@@ -2,11 +2,15 @@
 
 Each request gets an asyncio queue. One task reads the engine's outputs, detokenizes them
 with the same input and output processors as `LLMEngine`, and puts each `RequestOutput` in
-its request's queue; `generate` yields from that queue.
+its request's queue; `generate` (or the `RequestOutputStream` of `add_request`, which
+validates the request before returning) yields from that queue. `RequestStatsListener`s
+(the server's metrics) see every request's adds, outputs and aborts.
 """
 
 import asyncio
+import time
 from collections.abc import AsyncGenerator
+from typing import Protocol, runtime_checkable
 
 import transformers
 
@@ -15,10 +19,27 @@ from vjx.engine.core_client import START_TIMEOUT_S, AsyncMPClient
 from vjx.engine.exceptions import EngineDeadError, EngineRequestError
 from vjx.engine.input_processor import InputProcessor
 from vjx.engine.llm_engine import register_request
+from vjx.engine.messages import EngineCoreOutput, EngineCoreRequest
 from vjx.engine.output_processor import OutputProcessor
 from vjx.engine_args import EngineArgs
 from vjx.outputs import RequestOutput
 from vjx.sampling_params import SamplingParams
+
+
+@runtime_checkable
+class RequestStatsListener(Protocol):
+    """Sees every engine request's life, for request-level metrics (TTFT, TPOT, latency).
+
+    The ids are EngineCore's: an `n > 1` request shows up as its n children. Each call is
+    made on the event loop with `now` from `time.time()`, the clock of `arrival_time`.
+    """
+
+    def on_requests_added(self, requests: list[EngineCoreRequest]) -> None: ...
+
+    def on_outputs(self, outputs: list[EngineCoreOutput], stopped_ids: list[str], now: float) -> None:
+        """One step's outputs; `stopped_ids` are requests a stop string finished here."""
+
+    def on_requests_aborted(self, request_ids: list[str]) -> None: ...
 
 
 class AsyncLLM:
@@ -29,9 +50,11 @@ class AsyncLLM:
     `EngineDeadError`.
     """
 
-    def __init__(self, engine_args: EngineArgs, start_timeout_s: float = START_TIMEOUT_S, transport: str = "ipc"):
+    def __init__(self, engine_args: EngineArgs, start_timeout_s: float = START_TIMEOUT_S, transport: str = "ipc",
+                 stats_listeners: list[RequestStatsListener] | None = None):
         """`transport`: how to reach the engine process, "ipc" (a private temp dir) or "tcp"
-        (127.0.0.1 only)."""
+        (127.0.0.1 only). `stats_listeners` are told of every request's adds, outputs and
+        aborts."""
         self.config = engine_args.create_engine_config()
         model_config = self.config.model_config
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(model_config.tokenizer)
@@ -39,6 +62,7 @@ class AsyncLLM:
         self.output_processor = OutputProcessor(self.tokenizer)
         self.engine_core = AsyncMPClient(engine_args, start_timeout_s, transport)
         self.request_queues: dict[str, asyncio.Queue] = {}
+        self.stats_listeners = list(stats_listeners or [])
         self._output_handler: asyncio.Task | None = None
 
     @classmethod
@@ -49,8 +73,24 @@ class AsyncLLM:
         return self.tokenizer
 
     @property
+    def max_model_len(self) -> int:
+        return self.config.model_config.max_model_len
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        """Requests whose `generate` has not ended yet (an `n > 1` request counts once)."""
+        return len(self.request_queues)
+
+    @property
     def errored(self) -> bool:
         return self.engine_core.dead_error is not None
+
+    async def check_health(self) -> None:
+        """Raises `EngineDeadError` once the engine process is gone. The first call starts
+        the output task, which watches the process from then on (noticing a death within
+        a poll interval) even while no request runs."""
+        self._start_output_handler()
+        self._check_alive()
 
     def _check_alive(self) -> None:
         if self.engine_core.dead_error is not None:
@@ -58,14 +98,15 @@ class AsyncLLM:
 
     def _add_request(self, request_id: str, prompt, params: SamplingParams, priority: int) -> asyncio.Queue:
         self._check_alive()
-        if self._output_handler is None:
-            self._output_handler = asyncio.get_running_loop().create_task(self._handle_outputs())
+        self._start_output_handler()
         if request_id in self.request_queues:
             raise ValueError(f"request_id {request_id!r} is already in use by an unfinished request.")
         request, prompt_text = self.input_processor.process_inputs(request_id, prompt, params, priority=priority)
         engine_requests = register_request(self.output_processor, request, prompt_text)
         queue: asyncio.Queue = asyncio.Queue()
         self.request_queues[request_id] = queue
+        for listener in self.stats_listeners:
+            listener.on_requests_added(engine_requests)
         try:
             for engine_request in engine_requests:
                 self.engine_core.add_request(engine_request)
@@ -74,29 +115,28 @@ class AsyncLLM:
             raise
         return queue
 
+    def _start_output_handler(self) -> None:
+        if self._output_handler is None:
+            self._output_handler = asyncio.get_running_loop().create_task(self._handle_outputs())
+
+    def add_request(
+        self, request_id: str, prompt, sampling_params: SamplingParams, priority: int = 0
+    ) -> "RequestOutputStream":
+        """Adds the request at once (a bad one raises `ValueError` here) and returns its
+        output stream; closing the stream before its last output aborts the request."""
+        return RequestOutputStream(self, request_id, self._add_request(request_id, prompt, sampling_params, priority))
+
     async def generate(
         self, prompt, sampling_params: SamplingParams, request_id: str, priority: int = 0
     ) -> AsyncGenerator[RequestOutput, None]:
         """Yields the request's outputs as they come (what each holds follows
         `sampling_params.output_kind`; DELTA gives only the new tokens and text)."""
-        queue = self._add_request(request_id, prompt, sampling_params, priority)
-        finished = False
+        stream = self.add_request(request_id, prompt, sampling_params, priority)
         try:
-            while not finished:
-                item = await queue.get()
-                if item is None:
-                    # Aborted through `abort`: the stream ends without another output.
-                    finished = True
-                    return
-                if isinstance(item, Exception):
-                    finished = True
-                    raise item
-                finished = item.finished
-                yield item
+            async for output in stream:
+                yield output
         finally:
-            if not finished:
-                self._abort([request_id])
-            self.request_queues.pop(request_id, None)
+            await stream.aclose()
 
     async def abort(self, request_id: str | list[str]) -> None:
         """Aborts unfinished requests; their generators end without another output."""
@@ -106,6 +146,8 @@ class AsyncLLM:
         """Stops tracking the requests, ends their streams with `end_item` (None: quietly)
         and aborts them in the engine."""
         engine_ids = self.output_processor.abort_requests(request_ids)
+        for listener in self.stats_listeners:
+            listener.on_requests_aborted(engine_ids)
         for request_id in request_ids:
             queue = self.request_queues.pop(request_id, None)
             if queue is not None:
@@ -125,6 +167,10 @@ class AsyncLLM:
                     queue.put_nowait(e)
                 return
             processed = self.output_processor.process_outputs(outputs.outputs)
+            if self.stats_listeners:
+                now = time.time()
+                for listener in self.stats_listeners:
+                    listener.on_outputs(outputs.outputs, processed.reqs_to_abort, now)
             for output in processed.request_outputs:
                 queue = self.request_queues.get(output.request_id)
                 if queue is not None:
@@ -147,3 +193,45 @@ class AsyncLLM:
         if self._output_handler is not None:
             self._output_handler.cancel()
         self.engine_core.shutdown()
+
+
+class RequestOutputStream:
+    """One request's outputs from `AsyncLLM.add_request`: `async for output in stream`.
+
+    Ends after the finished output, quietly after an `abort`, or with the engine's error.
+    `aclose()` aborts the request unless it has finished; call it whenever iteration stops
+    early (also when it never began).
+    """
+
+    def __init__(self, engine: AsyncLLM, request_id: str, queue: asyncio.Queue):
+        self.engine = engine
+        self.request_id = request_id
+        self.queue = queue
+        self.finished = False
+
+    def __aiter__(self) -> "RequestOutputStream":
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        item = await self.queue.get()
+        if item is None:
+            # Aborted through `abort`: the stream ends without another output.
+            self._finish()
+            raise StopAsyncIteration
+        if isinstance(item, Exception):
+            self._finish()
+            raise item
+        if item.finished:
+            self._finish()
+        return item
+
+    def _finish(self) -> None:
+        self.finished = True
+        self.engine.request_queues.pop(self.request_id, None)
+
+    async def aclose(self) -> None:
+        if not self.finished:
+            self.engine._abort([self.request_id])
+            self._finish()

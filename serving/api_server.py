@@ -1,0 +1,217 @@
+"""The OpenAI-compatible HTTP server: a FastAPI app on one AsyncLLM, run by uvicorn.
+
+`build_app` wires the routes to the handlers (serving_*.py) behind `ServerGuard`;
+`run_server` starts the engine process, then uvicorn, whose SIGTERM handling stops
+accepting connections and waits up to `--shutdown-timeout` for requests in flight before
+the engine is shut down.
+"""
+
+import asyncio
+import contextlib
+import importlib.metadata
+import logging
+from collections.abc import Awaitable, Callable
+
+import fastapi
+import pydantic
+import uvicorn
+from fastapi import Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from serving.chat_utils import load_chat_template
+from serving.errors import OpenAIError
+from serving.metrics import ServerMetrics
+from serving.middleware import ServerGuard
+from serving.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    RequestModel,
+    TokenizeRequest,
+    parse_request,
+)
+from serving.server_args import ServerArgs
+from serving.serving_chat import OpenAIServingChat
+from serving.serving_completion import OpenAIServingCompletion
+from serving.serving_models import OpenAIServingModels
+from serving.serving_tokenization import OpenAIServingTokenization
+from serving.sse import EventStreamResponse, to_openai_error
+from vjx.engine.async_llm import AsyncLLM
+from vjx.engine.exceptions import EngineDeadError
+from vjx.engine_args import EngineArgs
+
+logger = logging.getLogger(__name__)
+
+# Closed by the client before the response: nginx's code, seen only in the access log.
+_CLIENT_CLOSED = 499
+
+
+class ServerState:
+    """Everything the routes use: the engine, its handlers and the metrics."""
+
+    def __init__(self, engine: AsyncLLM, server_args: ServerArgs, served_model_names: list[str],
+                 log_stats: bool = True):
+        self.engine = engine
+        self.server_args = server_args
+        self.log_stats = log_stats
+        model_path = engine.config.model_config.model
+        self.models = OpenAIServingModels(served_model_names, model_path, engine.max_model_len)
+        chat_template = load_chat_template(server_args.chat_template)
+        self.completion = OpenAIServingCompletion(engine, self.models)
+        self.chat = OpenAIServingChat(engine, self.models, chat_template)
+        self.tokenization = OpenAIServingTokenization(engine, self.models, chat_template)
+        self.metrics = ServerMetrics(self.models.model_name)
+        engine.stats_listeners.append(self.metrics)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("vjx")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def _json(model_or_dict, status_code: int = 200) -> Response:
+    if isinstance(model_or_dict, pydantic.BaseModel):
+        content = model_or_dict.model_dump_json()
+    else:
+        content = pydantic.TypeAdapter(dict).dump_json(model_or_dict)
+    return Response(content=content, status_code=status_code, media_type="application/json")
+
+
+def _error_response(error: OpenAIError) -> Response:
+    return Response(content=error.to_json_bytes(), status_code=error.status_code, media_type="application/json")
+
+
+async def _wait_for_disconnect(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _serve(raw_request: Request, model_class: type[RequestModel], handler: Callable[..., Awaitable]):
+    """Parses the body into `model_class`, runs `handler` on it and answers; a client that
+    leaves first cancels the handler (its `finally`s abort the engine requests)."""
+    try:
+        request = parse_request(model_class, await raw_request.body())
+    except UnicodeDecodeError as e:
+        raise OpenAIError(f"The request body is not valid UTF-8: {e.reason} at byte {e.start}.", 400) from None
+    except pydantic.ValidationError as e:
+        raise OpenAIError.from_validation_error(e) from None
+    handler_task = asyncio.ensure_future(handler(request))
+    disconnect = asyncio.ensure_future(_wait_for_disconnect(raw_request.receive))
+    try:
+        await asyncio.wait([handler_task, disconnect], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        disconnect.cancel()
+        if not handler_task.done():
+            handler_task.cancel()
+            await asyncio.gather(handler_task, return_exceptions=True)
+    if handler_task.cancelled():
+        return Response(status_code=_CLIENT_CLOSED)
+    result = handler_task.result()
+    return result if isinstance(result, EventStreamResponse) else _json(result)
+
+
+def _add_routes(app: fastapi.FastAPI, state: ServerState) -> None:
+    @app.get("/health")
+    async def health() -> Response:
+        try:
+            await state.engine.check_health()
+        except EngineDeadError as e:
+            return _error_response(OpenAIError(f"The engine is dead: {e}", 503))
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> Response:
+        return _json({"version": _version()})
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        return _json(state.models.list_models())
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        await state.metrics.update_from_engine(state.engine)
+        return Response(content=state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/completions")
+    async def completions(raw_request: Request):
+        return await _serve(raw_request, CompletionRequest, state.completion.create_completion)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(raw_request: Request):
+        return await _serve(raw_request, ChatCompletionRequest, state.chat.create_chat_completion)
+
+    async def tokenize_handler(request):
+        return state.tokenization.create_tokenize(request)
+
+    async def detokenize_handler(request):
+        return state.tokenization.create_detokenize(request)
+
+    @app.post("/tokenize")
+    async def tokenize(raw_request: Request):
+        return await _serve(raw_request, TokenizeRequest, tokenize_handler)
+
+    @app.post("/detokenize")
+    async def detokenize(raw_request: Request):
+        return await _serve(raw_request, DetokenizeRequest, detokenize_handler)
+
+
+def _add_error_handlers(app: fastapi.FastAPI) -> None:
+    @app.exception_handler(OpenAIError)
+    async def openai_error(_, error: OpenAIError) -> Response:
+        return _error_response(error)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_, error: StarletteHTTPException) -> Response:
+        return _error_response(OpenAIError(str(error.detail), error.status_code))
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(_, error: Exception) -> Response:
+        return _error_response(to_openai_error(error))
+
+
+def build_app(state: ServerState) -> ServerGuard:
+    """The ASGI app: the FastAPI routes behind the guard (sizes, API key, access log)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_):
+        await state.engine.check_health()
+        stats_logger = None
+        if state.log_stats:
+            stats_logger = asyncio.ensure_future(
+                state.metrics.log_stats_forever(state.engine, state.server_args.stats_interval))
+        try:
+            yield
+        finally:
+            if stats_logger is not None:
+                stats_logger.cancel()
+            state.engine.shutdown()
+
+    app = fastapi.FastAPI(title="vjx", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.vjx = state
+    _add_routes(app, state)
+    _add_error_handlers(app)
+    args = state.server_args
+    return ServerGuard(app, args.api_key, args.max_header_bytes, args.max_request_body_bytes, args.access_log)
+
+
+def run_server(engine_args: EngineArgs, server_args: ServerArgs) -> None:
+    """Starts the engine process, then serves until SIGINT/SIGTERM."""
+    logging.basicConfig(level=server_args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        force=True)
+    engine = AsyncLLM(engine_args)
+    names = server_args.served_model_name or OpenAIServingModels.default_names(
+        engine_args.model, engine.config.model_config.model)
+    state = ServerState(engine, server_args, names, log_stats=not engine_args.disable_log_stats)
+    config = uvicorn.Config(
+        build_app(state), host=server_args.host, port=server_args.port, log_level=server_args.log_level,
+        access_log=False, timeout_graceful_shutdown=server_args.shutdown_timeout,
+        h11_max_incomplete_event_size=server_args.max_header_bytes * 2, lifespan="on")
+    server = uvicorn.Server(config)
+    try:
+        server.run()
+    finally:
+        engine.shutdown()

@@ -1,0 +1,52 @@
+"""Chat prompts: messages (string or content-part lists) through a chat template."""
+
+import os
+
+from serving.errors import OpenAIError
+from serving.protocol import ChatMessage
+
+
+def load_chat_template(chat_template: str | None) -> str | None:
+    """`--chat-template`: a file's path, or the Jinja template itself."""
+    if chat_template is None:
+        return None
+    if os.path.isfile(chat_template):
+        with open(chat_template, encoding="utf-8") as f:
+            return f.read()
+    if "{" not in chat_template:
+        raise ValueError(f"chat_template must be a file or a Jinja template, got {chat_template!r} "
+                         "(no such file, and no template syntax).")
+    return chat_template
+
+
+def to_conversation(messages: list[ChatMessage]) -> list[dict]:
+    """Messages as the tokenizer's template takes them: content parts joined into one text."""
+    conversation = []
+    for message in messages:
+        content = message.content
+        if isinstance(content, list):
+            content = "\n".join(part.text for part in content)
+        entry = {"role": message.role, "content": content or ""}
+        if message.name is not None:
+            entry["name"] = message.name
+        conversation.append(entry)
+    return conversation
+
+
+def apply_chat_template(tokenizer, messages: list[ChatMessage], chat_template: str | None,
+                        add_generation_prompt: bool = True, continue_final_message: bool = False) -> str:
+    """The prompt text of a conversation; a template that fails (or none at all) is a 400."""
+    if continue_final_message and add_generation_prompt:
+        raise OpenAIError("continue_final_message and add_generation_prompt cannot both be true.", 400,
+                          "continue_final_message")
+    if continue_final_message and messages[-1].role != "assistant":
+        raise OpenAIError("continue_final_message needs the last message to be the assistant's.", 400,
+                          "continue_final_message")
+    if chat_template is None and getattr(tokenizer, "chat_template", None) is None:
+        raise OpenAIError("The model has no chat template; start the server with --chat-template.", 400)
+    try:
+        return tokenizer.apply_chat_template(
+            to_conversation(messages), chat_template=chat_template, tokenize=False,
+            add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message)
+    except Exception as e:  # noqa: BLE001 - a template's own error (e.g. raise_exception) is the user's
+        raise OpenAIError(f"The chat template failed on these messages: {e}", 400, "messages") from None

@@ -1,0 +1,90 @@
+"""`vjx serve` flags, its YAML --config file and `vjx bench` forwarding; no server runs."""
+
+import argparse
+
+import pytest
+
+from benchmarks.serve import RequestResult, summarize
+from serving.cli import _parse_args, main
+from serving.config_file import load_config_file
+from serving.server_args import ServerArgs
+
+
+def _serve_parser() -> argparse.ArgumentParser:
+    from serving.cli import _make_parser
+
+    return _make_parser()[1]
+
+
+def test_config_file_values_become_typed_defaults(tmp_path):
+    path = tmp_path / "serve.yaml"
+    path.write_text("max-model-len: 512\nenable_prefix_caching: false\nserved-model-name: smol\n"
+                    "shutdown-timeout: 5\nhost: 0.0.0.0\n")
+    assert load_config_file(str(path), _serve_parser()) == {
+        "max_model_len": 512, "enable_prefix_caching": False, "served_model_name": ["smol"],
+        "shutdown_timeout": 5.0, "host": "0.0.0.0"}
+
+
+def test_command_line_wins_over_the_config_file(tmp_path):
+    path = tmp_path / "serve.yaml"
+    path.write_text("port: 9001\nmax-num-seqs: 8\n")
+    args = _parse_args(["serve", "some/model", "--config", str(path), "--port", "9002"])
+    assert (args.port, args.max_num_seqs, args.model_tag) == (9002, 8, "some/model")
+    assert ServerArgs.from_cli_args(args).port == 9002
+
+
+@pytest.mark.parametrize("text, message", [
+    ("no-such-flag: 1\n", "'no-such-flag' is not a flag"),
+    ("enable-prefix-caching: 3\n", "must be true or false"),
+    ("max-model-len: lots\n", "'max-model-len' must be of type int"),
+    ("- a\n- b\n", "must hold a mapping"),
+    ("port: [1, 2]\n", "'port' must be a single value"),
+    ("a: [\n", "not valid YAML"),
+])
+def test_bad_config_files_are_refused_by_name(tmp_path, capsys, text, message):
+    path = tmp_path / "serve.yaml"
+    path.write_text(text)
+    assert main(["serve", "--config", str(path)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_config_file(capsys):
+    assert main(["serve", "--config", "/nonexistent/serve.yaml"]) == 2
+    assert "cannot be read" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--port", "70000"], "port must be in [0, 65535]"),
+    (["--access-log", "xml"], "access_log must be one of"),
+    (["--max-request-body-bytes", "10"], "max_request_body_bytes must be at least 1024"),
+    (["--api-key", ""], "api_key must not be empty"),
+])
+def test_bad_server_flags(flags, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        ServerArgs.from_cli_args(_parse_args(["serve", *flags]))
+
+
+def test_model_given_twice_differently(capsys):
+    assert main(["serve", "a/model", "--model", "b/model"]) == 2
+    assert "model is given twice" in capsys.readouterr().err
+
+
+def test_bench_forwards_to_the_benchmarks_cli(capsys):
+    assert main(["bench", "no-such-benchmark"]) == 2
+    assert "benchmark must be one of" in capsys.readouterr().err
+
+
+def test_serve_benchmark_summary():
+    results = [
+        RequestResult(ok=True, latency_s=1.0, ttft_s=0.2, itls_s=[0.4, 0.4], num_output_tokens=3),
+        RequestResult(ok=True, latency_s=2.0, ttft_s=0.4, itls_s=[0.8, 0.8], num_output_tokens=3),
+        RequestResult(ok=False, error="APIConnectionError: boom"),
+    ]
+    summary = summarize(results, duration_s=4.0, rate=float("inf"), input_len=10)
+    assert (summary["request_rate"], summary["completed"], summary["failed"]) == ("inf", 2, 1)
+    assert summary["request_throughput"] == 0.5 and summary["output_throughput"] == 1.5
+    assert summary["total_token_throughput"] == 6.5
+    assert summary["ttft_ms"]["mean"] == pytest.approx(300.0)
+    assert summary["tpot_ms"]["mean"] == pytest.approx(600.0) and summary["tpot_ms"]["median"] == pytest.approx(600.0)
+    assert summary["itl_ms"]["median"] == pytest.approx(600.0)
+    assert summary["errors"] == ["APIConnectionError: boom"]
