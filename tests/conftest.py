@@ -1,7 +1,16 @@
-"""Test-wide setup: a persistent XLA compilation cache and the `gpu` marker."""
+"""Test-wide setup: eight CPU devices, a persistent XLA compilation cache and the `gpu` marker.
+
+The parallelism tests need a mesh of several devices: on CPU, XLA fakes eight host devices
+when the flag is set before JAX starts its backend (unless the caller already set it). Every
+other test keeps running on the first device.
+"""
 
 import os
 import pathlib
+
+_DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+if _DEVICE_COUNT_FLAG not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_DEVICE_COUNT_FLAG}=8".strip()
 
 import jax
 import pytest

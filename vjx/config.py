@@ -74,10 +74,16 @@ class SchedulerConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ParallelConfig:
-    """How the model is spread over devices."""
+    """How the model is spread over devices (see vjx/sharding/mesh.py)."""
 
-    tensor_parallel_size: int
-    """Devices the attention heads and MLP width are split over (mesh axis `model`)."""
+    tensor_parallel_size: int = 1
+    """Devices one engine replica splits attention heads, MLP width and vocabulary over (mesh
+    axis `model`)."""
+    data_parallel_size: int = 1
+    """Independent engine replicas, each with its own scheduler, KV pool and devices."""
+    data_parallel_rank: int = 0
+    """Which replica this engine is: it runs on the rank-th group of `tensor_parallel_size`
+    devices."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,3 +98,8 @@ class VjxConfig:
     """Name in the attention backend registry: "reference", "pallas_gpu" or "pallas_tpu"."""
     multiprocess: bool = False
     """`LLM` runs EngineCore in a child process (ZeroMQ) instead of in its own."""
+
+    def for_data_parallel_rank(self, rank: int) -> "VjxConfig":
+        """This config for engine replica `rank` (its own device group)."""
+        parallel_config = dataclasses.replace(self.parallel_config, data_parallel_rank=rank)
+        return dataclasses.replace(self, parallel_config=parallel_config)

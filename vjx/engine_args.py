@@ -14,6 +14,8 @@ import transformers
 
 from vjx.attention.backend import default_backend_name
 from vjx.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, VjxConfig
+from vjx.models.registry import verify_tensor_parallel
+from vjx.sharding.mesh import device_groups
 
 _DTYPES = {"float32": "float32", "float": "float32", "bfloat16": "bfloat16", "float16": "float16", "half": "float16"}
 _LOAD_FORMATS = ("auto", "safetensors", "dummy")
@@ -53,7 +55,10 @@ class EngineArgs:
     async_scheduling: bool | None = _field(None, "Plan the next step while the device runs this one; "
                                            "on by default on accelerators (when both are installed), off on CPU.")
     disable_log_stats: bool = _field(False, "Do not log scheduler statistics every few seconds.")
-    tensor_parallel_size: int = _field(1, "Devices to split the model over (only 1 so far).")
+    tensor_parallel_size: int = _field(1, "Devices each engine replica splits the model over (attention heads, "
+                                       "MLP width and vocabulary); must divide the head count.")
+    data_parallel_size: int = _field(1, "Engine replicas, each on its own tensor_parallel_size devices with its "
+                                     "own scheduler and KV cache; requests go to the least loaded one.")
     load_format: str = _field("auto", f"How to read weights: one of {_LOAD_FORMATS}.")
     max_logprobs: int = _field(20, "Most logprobs (and prompt logprobs) a request may ask for.")
     attention_backend: str | None = _field(None, "Attention backend name; the platform's default when None.")
@@ -90,6 +95,9 @@ class EngineArgs:
             load_format=self.load_format,
             max_logprobs=self.max_logprobs,
         )
+        parallel_config = self.create_parallel_config()
+        verify_tensor_parallel(hf_config, self.tensor_parallel_size)
+        device_groups(parallel_config)
         return VjxConfig(
             model_config=model_config,
             cache_config=CacheConfig(
@@ -100,10 +108,15 @@ class EngineArgs:
                 prefix_caching_hash_algo=self.prefix_caching_hash_algo,
             ),
             scheduler_config=self._scheduler_config(max_model_len),
-            parallel_config=ParallelConfig(tensor_parallel_size=self.tensor_parallel_size),
+            parallel_config=parallel_config,
             attention_backend=self.attention_backend or default_backend_name(),
             multiprocess=self._multiprocess(),
         )
+
+    def create_parallel_config(self) -> ParallelConfig:
+        """The layout over devices (replica 0's; each replica's engine takes its own rank)."""
+        return ParallelConfig(tensor_parallel_size=self.tensor_parallel_size,
+                              data_parallel_size=self.data_parallel_size)
 
     def _verify_args(self) -> None:
         if self.block_size not in _BLOCK_SIZES:
@@ -114,9 +127,10 @@ class EngineArgs:
             raise ValueError(f"num_gpu_blocks_override must be at least 2, got {self.num_gpu_blocks_override}.")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}.")
-        if self.tensor_parallel_size != 1:
-            raise ValueError(f"tensor_parallel_size must be 1 (tensor parallelism is not supported yet), "
-                             f"got {self.tensor_parallel_size}.")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}.")
+        if self.data_parallel_size < 1:
+            raise ValueError(f"data_parallel_size must be >= 1, got {self.data_parallel_size}.")
         if self.load_format not in _LOAD_FORMATS:
             raise ValueError(f"load_format must be one of {_LOAD_FORMATS}, got {self.load_format!r}.")
         if self.max_logprobs < 0:

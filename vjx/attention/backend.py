@@ -17,6 +17,9 @@ class AttentionBackend(Protocol):
     """
 
     name: str
+    kv_cache_axes: tuple[str | None, ...]
+    """Logical axis name of each dimension of `kv_cache_shape` (the KV heads: `kv_heads`),
+    which the sharding table maps to the mesh."""
 
     def kv_cache_shape(
         self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int

@@ -24,6 +24,7 @@ class PallasGpuBackend:
     """Hashable, so a model can hold it as a static field."""
 
     name: ClassVar[str] = "pallas_gpu"
+    kv_cache_axes: ClassVar[tuple[str | None, ...]] = (None, "kv_heads", None, None, "head_dim")
     tuning: AttentionTuning | None = None
     """Kernel knobs; None takes the per-head-dim defaults of vjx/kernels/tuning.py."""
     interpret: bool | None = None

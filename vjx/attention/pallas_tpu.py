@@ -22,6 +22,9 @@ class PallasTpuBackend:
     """Hashable, so a model can hold it as a static field."""
 
     name: ClassVar[str] = "pallas_tpu"
+    kv_cache_axes: ClassVar[tuple[str | None, ...]] = (None, None, "kv_heads", "head_dim")
+    """Keys and values of a KV head sit side by side on the third axis, so a split of it into
+    equal parts gives each device whole heads."""
     use_reference: bool = False
     """Run JAX's jnp reference of the TPU kernel (any platform, eager only) instead of the
     kernel: how CPU tests check the adapter's layout and argument mapping."""

@@ -49,6 +49,7 @@ class ReferenceBackend:
     """Pure-jnp ragged paged attention; hashable, so a module can hold it as a static field."""
 
     name: ClassVar[str] = "reference"
+    kv_cache_axes: ClassVar[tuple[str | None, ...]] = (None, None, None, "kv_heads", "head_dim")
     keys_per_chunk: int = 128
     """Keys (pages * page size) gathered per token in one step of the softmax loop."""
 

@@ -3,10 +3,17 @@
 `InprocClient` calls it in this process. `SyncMPClient` (for `LLM`) and `AsyncMPClient` (for
 `AsyncLLM`) talk to an `EngineCoreProc` in a child process over ZeroMQ; pyzmq and msgspec
 are imported only when one of them is built, so vjx runs without them in-process.
+
+With `data_parallel_size` > 1 every client fronts that many independent engine replicas
+(each with its own devices, scheduler and KV pool): in this process for `InprocClient`, one
+child process each for the multiprocess clients. A `LoadBalancer` sends each new request to
+the replica with the fewest unfinished requests and routes its aborts to the same replica;
+stats and utilities are combined over the replicas.
 """
 
 import asyncio
 import collections
+import dataclasses
 import itertools
 
 from vjx.config import VjxConfig
@@ -21,38 +28,103 @@ START_TIMEOUT_S = 1800.0
 """How long the engine process may take to load and compile before the client gives up."""
 
 
+def merge_stats(stats: list[SchedulerStats]) -> SchedulerStats:
+    """The replicas' stats as one engine's: counts add up, KV cache usage is the mean (every
+    replica has a pool of its own)."""
+    total = {f.name: sum(getattr(s, f.name) for s in stats) for f in dataclasses.fields(SchedulerStats)}
+    total["kv_cache_usage"] = total["kv_cache_usage"] / len(stats)
+    return SchedulerStats(**total)
+
+
+_COMBINE_RESULTS = {"get_stats": merge_stats, "reset_prefix_cache": all}
+"""How the replicas' results of a utility become one; other utilities give replica 0's."""
+
+
+def combine_results(method: str, results: list):
+    return _COMBINE_RESULTS.get(method, lambda r: r[0])(results)
+
+
+class LoadBalancer:
+    """Which replica runs each unfinished request; a new request goes to the replica with the
+    fewest unfinished requests (the lowest rank on a tie)."""
+
+    def __init__(self, num_replicas: int):
+        self.num_unfinished = [0] * num_replicas
+        self.replica_of: dict[str, int] = {}
+
+    def assign(self, request_id: str) -> int:
+        rank = min(range(len(self.num_unfinished)), key=self.num_unfinished.__getitem__)
+        self.replica_of[request_id] = rank
+        self.num_unfinished[rank] += 1
+        return rank
+
+    def release(self, request_ids: list[str]) -> dict[int, list[str]]:
+        """Forgets finished or aborted requests; returns them by the replica that runs them.
+
+        An id it does not know (a request that finished meanwhile) goes to every replica,
+        where aborting it is a no-op."""
+        by_rank: dict[int, list[str]] = collections.defaultdict(list)
+        for request_id in request_ids:
+            rank = self.replica_of.pop(request_id, None)
+            if rank is None:
+                for ids in (by_rank[r] for r in range(len(self.num_unfinished))):
+                    ids.append(request_id)
+                continue
+            self.num_unfinished[rank] -= 1
+            by_rank[rank].append(request_id)
+        return by_rank
+
+    def note_outputs(self, outputs: EngineCoreOutputs) -> None:
+        self.release([o.request_id for o in outputs.outputs if o.finished])
+
+
 class InprocClient:
-    """Calls EngineCore directly; `get_output()` runs one step."""
+    """Calls EngineCore directly; `get_output()` runs one step of every replica.
+
+    `engine_core` is replica 0 (the only one without data parallelism)."""
 
     def __init__(self, config: VjxConfig):
-        self.engine_core = EngineCore(config)
+        num_replicas = config.parallel_config.data_parallel_size
+        self.engine_cores = [EngineCore(config.for_data_parallel_rank(rank)) for rank in range(num_replicas)]
+        self.engine_core = self.engine_cores[0]
+        self.balancer = LoadBalancer(num_replicas)
 
     def add_request(self, request: EngineCoreRequest) -> None:
-        self.engine_core.add_request(request)
+        self.engine_cores[self.balancer.assign(request.request_id)].add_request(request)
 
     def abort_requests(self, request_ids: list[str]) -> None:
-        if request_ids:
-            self.engine_core.abort_requests(request_ids)
+        for rank, ids in self.balancer.release(request_ids).items():
+            self.engine_cores[rank].abort_requests(ids)
 
     def make_stats(self) -> SchedulerStats:
-        return self.engine_core.make_stats()
+        return merge_stats([core.make_stats() for core in self.engine_cores])
 
     def reset_prefix_cache(self) -> bool:
-        return self.engine_core.scheduler.reset_prefix_cache()
+        """Resets every replica's cache (none is skipped when one fails); True if all did."""
+        is_reset = [core.scheduler.reset_prefix_cache() for core in self.engine_cores]
+        return all(is_reset)
 
     def get_output(self) -> EngineCoreOutputs:
-        return self.engine_core.step_fn()
+        outputs = EngineCoreOutputs()
+        for core in self.engine_cores:
+            step = core.step_fn()
+            outputs.outputs.extend(step.outputs)
+            outputs.finished_requests |= step.finished_requests
+        self.balancer.note_outputs(outputs)
+        return outputs
 
     def shutdown(self) -> None:
         """Nothing to stop: the engine lives and dies with this object."""
 
 
 class MPClient:
-    """The sockets and the engine process both multiprocess clients share.
+    """The sockets and the engine processes both multiprocess clients share.
 
-    Sends go through a plain socket and never block on a dead engine: each waits for room
-    in short polls and checks that the child still runs. `transport` is "ipc" (a private
-    temp dir) or "tcp" (127.0.0.1 only).
+    One engine process per data-parallel replica, each with its own input socket; all of them
+    push to one output socket. Sends go through a plain socket and never block on a dead
+    engine: each waits for room in short polls and checks that the children still run.
+    `transport` is "ipc" (a private temp dir) or "tcp" (127.0.0.1 only). `engine`, `ready`
+    and `input_socket` are replica 0's.
     """
 
     def __init__(self, engine_args: EngineArgs, start_timeout_s: float = START_TIMEOUT_S, transport: str = "ipc"):
@@ -61,19 +133,29 @@ class MPClient:
         from vjx.engine import core_proc, serial
 
         self._zmq, self._serial = zmq, serial
-        self.engine = core_proc.EngineProcess(engine_args, transport)
+        num_replicas = engine_args.data_parallel_size
+        self.engines = [core_proc.EngineProcess(engine_args, transport, data_parallel_rank=rank)
+                        for rank in range(num_replicas)]
+        self.engine = self.engines[0]
         self.context = zmq.Context()
-        self.input_socket = self.context.socket(zmq.PUSH)
-        self.engine.bind(self.input_socket, "input")
+        self.input_sockets = []
+        for engine in self.engines:
+            self.input_sockets.append(self.context.socket(zmq.PUSH))
+            engine.bind(self.input_sockets[-1], "input")
+        self.input_socket = self.input_sockets[0]
         self.output_socket = self.context.socket(zmq.PULL)
         self.engine.bind(self.output_socket, "output")
+        for engine in self.engines[1:]:
+            engine.addresses["output"] = self.engine.addresses["output"]
+        self.balancer = LoadBalancer(num_replicas)
         self.dead_error: EngineDeadError | None = None
         self._call_ids = itertools.count()
         try:
-            self.ready = self.engine.start(self.context, start_timeout_s)
+            self.readies = core_proc.start_engines(self.engines, self.context, start_timeout_s)
         except BaseException:
             self._close()
             raise
+        self.ready = self.readies[0]
 
     def _mark_dead(self, message: str) -> EngineDeadError:
         if self.dead_error is None:
@@ -83,36 +165,56 @@ class MPClient:
     def _check_engine(self) -> None:
         if self.dead_error is not None:
             raise self.dead_error
-        if not self.engine.is_alive():
-            raise self._mark_dead(f"The engine process exited (exit code {self.engine.process.exitcode}).")
+        for rank, engine in enumerate(self.engines):
+            if not engine.is_alive():
+                replica = f" of replica {rank}" if len(self.engines) > 1 else ""
+                raise self._mark_dead(f"The engine process{replica} exited (exit code {engine.process.exitcode}).")
 
-    def _send(self, kind: bytes, payload) -> None:
+    def _send(self, kind: bytes, payload, rank: int = 0) -> None:
         frames = self._serial.encode(kind, payload)
         self._check_engine()
-        while not self.input_socket.poll(_POLL_MS, self._zmq.POLLOUT):
+        socket = self.input_sockets[rank]
+        while not socket.poll(_POLL_MS, self._zmq.POLLOUT):
             self._check_engine()
-        self.input_socket.send_multipart(frames, flags=self._zmq.NOBLOCK)
+        socket.send_multipart(frames, flags=self._zmq.NOBLOCK)
 
     def add_request(self, request: EngineCoreRequest) -> None:
-        self._send(self._serial.ADD, request)
+        rank = self.balancer.assign(request.request_id)
+        try:
+            self._send(self._serial.ADD, request, rank)
+        except BaseException:
+            self.balancer.release([request.request_id])
+            raise
 
     def abort_requests(self, request_ids: list[str]) -> None:
-        if request_ids:
-            self._send(self._serial.ABORT, request_ids)
+        for rank, ids in self.balancer.release(request_ids).items():
+            self._send(self._serial.ABORT, ids, rank)
 
-    def _send_utility(self, method: str) -> int:
-        call_id = next(self._call_ids)
-        self._send(self._serial.UTILITY, self._serial.UtilityCall(call_id, method))
-        return call_id
+    def _send_utility(self, method: str) -> list[int]:
+        """Calls `method` on every replica; returns the call ids, in replica order."""
+        call_ids = []
+        for rank in range(len(self.engines)):
+            call_ids.append(next(self._call_ids))
+            self._send(self._serial.UTILITY, self._serial.UtilityCall(call_ids[-1], method), rank)
+        return call_ids
+
+    def _decode_result(self, method: str, result):
+        if result.failure is not None:
+            raise RuntimeError(f"{method} failed in the engine: {result.failure}")
+        return self._serial.decode_result(method, result.result)
+
+    def _note_outputs(self, outputs: EngineCoreOutputs) -> None:
+        self.balancer.note_outputs(outputs)
 
     def _close(self) -> None:
-        self.engine.shutdown()
-        self.input_socket.close(linger=0)
-        self.output_socket.close(linger=0)
+        for engine in self.engines:
+            engine.shutdown()
+        for socket in (*self.input_sockets, self.output_socket):
+            socket.close(linger=0)
         self.context.destroy(linger=0)
 
     def shutdown(self) -> None:
-        """Stops the engine process (idempotent); later calls raise EngineDeadError."""
+        """Stops the engine processes (idempotent); later calls raise EngineDeadError."""
         if self.context.closed:
             return
         self._mark_dead("The engine was shut down.")
@@ -120,7 +222,7 @@ class MPClient:
 
 
 class SyncMPClient(MPClient):
-    """For `LLMEngine`: `get_output()` blocks until the engine process sends a step's outputs."""
+    """For `LLMEngine`: `get_output()` blocks until an engine process sends a step's outputs."""
 
     def __init__(self, engine_args: EngineArgs, start_timeout_s: float = START_TIMEOUT_S, transport: str = "ipc"):
         super().__init__(engine_args, start_timeout_s, transport)
@@ -134,10 +236,12 @@ class SyncMPClient(MPClient):
             self._check_engine()
         kind, payload = self._serial.decode(self.output_socket.recv_multipart())
         if kind == self._serial.OUTPUTS:
+            self._note_outputs(payload)
             self._outputs.append(payload)
         elif kind == self._serial.UTILITY_RESULT:
             self._results[payload.call_id] = payload
         elif kind == self._serial.REQUEST_ERROR:
+            self.balancer.release([payload.request_id])
             raise EngineRequestError(payload.request_id, payload.message)
         elif kind == self._serial.DEAD:
             raise self._mark_dead(f"EngineCore failed:\n{payload}")
@@ -152,13 +256,12 @@ class SyncMPClient(MPClient):
         return self._outputs.popleft()
 
     def call_utility(self, method: str):
-        call_id = self._send_utility(method)
-        while call_id not in self._results:
+        """`method`'s result, combined over the replicas."""
+        call_ids = self._send_utility(method)
+        while any(call_id not in self._results for call_id in call_ids):
             self._receive()
-        result = self._results.pop(call_id)
-        if result.failure is not None:
-            raise RuntimeError(f"{method} failed in the engine: {result.failure}")
-        return self._serial.decode_result(method, result.result)
+        results = [self._results.pop(call_id) for call_id in call_ids]
+        return combine_results(method, [self._decode_result(method, result) for result in results])
 
     def make_stats(self) -> SchedulerStats:
         return self.call_utility("get_stats")
@@ -202,8 +305,10 @@ class AsyncMPClient(MPClient):
 
     def _dispatch(self, kind: bytes, payload) -> None:
         if kind == self._serial.OUTPUTS:
+            self._note_outputs(payload)
             self._outputs.put_nowait(payload)
         elif kind == self._serial.REQUEST_ERROR:
+            self.balancer.release([payload.request_id])
             self._outputs.put_nowait(EngineRequestError(payload.request_id, payload.message))
         elif kind == self._serial.UTILITY_RESULT:
             future = self._results.pop(payload.call_id, None)
@@ -231,13 +336,15 @@ class AsyncMPClient(MPClient):
         return item
 
     async def call_utility_async(self, method: str):
+        """`method`'s result, combined over the replicas."""
         self._ensure_reader()
-        future = asyncio.get_running_loop().create_future()
-        self._results[self._send_utility(method)] = future
-        result = await future
-        if result.failure is not None:
-            raise RuntimeError(f"{method} failed in the engine: {result.failure}")
-        return self._serial.decode_result(method, result.result)
+        loop = asyncio.get_running_loop()
+        futures = []
+        for call_id in self._send_utility(method):
+            futures.append(loop.create_future())
+            self._results[call_id] = futures[-1]
+        results = await asyncio.gather(*futures)
+        return combine_results(method, [self._decode_result(method, result) for result in results])
 
     async def get_stats_async(self) -> SchedulerStats:
         return await self.call_utility_async("get_stats")

@@ -6,8 +6,14 @@ decodes incoming messages into a queue, one sends queued outputs. The busy loop 
 touches a socket, so a slow front end never stalls a step. `EngineProcess` is the parent's
 handle: it binds the sockets (ipc:// in a private temp dir, or 127.0.0.1), spawns the
 child and waits for its handshake.
+
+With data parallelism there is one child per replica, and each uses only its own device
+group. On GPUs the child hides the other devices before JAX starts (`jax_cuda_visible_devices`),
+so it neither sees nor reserves memory on another replica's GPUs, and runs as a single
+replica on what is left; elsewhere (CPU) it picks its group by index.
 """
 
+import dataclasses
 import logging
 import multiprocessing
 import os
@@ -22,9 +28,11 @@ import weakref
 import jax
 import zmq
 
+from vjx.config import VjxConfig
 from vjx.engine import serial
 from vjx.engine.core import EngineCore
 from vjx.engine_args import EngineArgs
+from vjx.sharding.mesh import device_groups
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +55,35 @@ def _watch_parent(parent_pid: int) -> None:
     os._exit(1)
 
 
-def run_engine_core(engine_args: bytes, addresses: dict[str, str], jax_options: dict, parent_pid: int) -> None:
+@dataclasses.dataclass(frozen=True)
+class ReplicaPlacement:
+    """Which devices one engine process uses."""
+
+    data_parallel_rank: int = 0
+    visible_devices: str | None = None
+    """Comma-separated GPU ids the process may see (its replica's group); None: all devices,
+    the group chosen by rank."""
+
+
+def replica_placement(engine_args: EngineArgs, rank: int) -> ReplicaPlacement:
+    """Replica `rank`'s devices: on GPUs (with several replicas) the ids of its group."""
+    if engine_args.data_parallel_size == 1 or jax.default_backend() != "gpu":
+        return ReplicaPlacement(rank)
+    parallel_config = engine_args.create_parallel_config()
+    group = device_groups(parallel_config)[rank]
+    return ReplicaPlacement(rank, ",".join(str(device.id) for device in group))
+
+
+def _replica_config(engine_args: EngineArgs, placement: ReplicaPlacement) -> VjxConfig:
+    """Runs before JAX starts in the child: restricts the visible GPUs, then builds the config."""
+    if placement.visible_devices is not None:
+        jax.config.update("jax_cuda_visible_devices", placement.visible_devices)
+        return dataclasses.replace(engine_args, data_parallel_size=1).create_engine_config()
+    return engine_args.create_engine_config().for_data_parallel_rank(placement.data_parallel_rank)
+
+
+def run_engine_core(engine_args: bytes, addresses: dict[str, str], jax_options: dict, parent_pid: int,
+                    placement: ReplicaPlacement = ReplicaPlacement()) -> None:
     """The child's entry point: build EngineCore, report readiness (or the error), serve."""
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True, name="vjx-parent-watch").start()
     for name, value in jax_options.items():
@@ -56,7 +92,7 @@ def run_engine_core(engine_args: bytes, addresses: dict[str, str], jax_options: 
     handshake = context.socket(zmq.PUSH)
     handshake.connect(addresses["handshake"])
     try:
-        config = serial.decode_dataclass(engine_args, EngineArgs).create_engine_config()
+        config = _replica_config(serial.decode_dataclass(engine_args, EngineArgs), placement)
         engine_core = EngineCore(config)
         proc = EngineCoreProc(engine_core, context, addresses)
     except Exception:
@@ -174,7 +210,7 @@ class EngineProcess:
     stops it at shutdown or interpreter exit.
     """
 
-    def __init__(self, engine_args: EngineArgs, transport: str = "ipc"):
+    def __init__(self, engine_args: EngineArgs, transport: str = "ipc", data_parallel_rank: int = 0):
         if transport not in _TRANSPORTS:
             raise ValueError(f"transport must be one of {_TRANSPORTS}, got {transport!r}.")
         self.socket_dir = tempfile.mkdtemp(prefix="vjx-engine-")
@@ -183,6 +219,7 @@ class EngineProcess:
             for name in ("handshake", "input", "output")
         }
         self.engine_args = engine_args
+        self.data_parallel_rank = data_parallel_rank
         self.process: multiprocessing.process.BaseProcess | None = None
         self._finalizer = None
 
@@ -193,13 +230,23 @@ class EngineProcess:
 
     def start(self, context: zmq.Context, start_timeout_s: float) -> serial.EngineReady:
         """Spawns the child and returns its handshake; raises RuntimeError with the child's error."""
+        return self.wait_ready(self.spawn(context), start_timeout_s)
+
+    def spawn(self, context: zmq.Context) -> zmq.Socket:
+        """Starts the child; returns the socket its handshake arrives on (for `wait_ready`)."""
         handshake = context.socket(zmq.PULL)
         self.bind(handshake, "handshake")
-        args = (serial.encode_dataclass(self.engine_args), self.addresses, _jax_cache_options(), os.getpid())
+        placement = replica_placement(self.engine_args, self.data_parallel_rank)
+        args = (serial.encode_dataclass(self.engine_args), self.addresses, _jax_cache_options(), os.getpid(),
+                placement)
         self.process = multiprocessing.get_context("spawn").Process(
             target=run_engine_core, args=args, daemon=True, name="VjxEngineCore")
         self.process.start()
         self._finalizer = weakref.finalize(self, _stop, self.process, self.socket_dir)
+        return handshake
+
+    def wait_ready(self, handshake: zmq.Socket, start_timeout_s: float) -> serial.EngineReady:
+        """The child's handshake (closing `handshake`); raises RuntimeError with its error."""
         try:
             kind, payload = self._wait_handshake(handshake, start_timeout_s)
         finally:
@@ -228,3 +275,16 @@ class EngineProcess:
             self._finalizer()
         else:
             shutil.rmtree(self.socket_dir, ignore_errors=True)
+
+
+def start_engines(engines: list[EngineProcess], context: zmq.Context, start_timeout_s: float) -> list[serial.EngineReady]:
+    """Spawns every replica's process first, so they load and compile side by side, then
+    waits for each handshake; on a failure the others are stopped too."""
+    handshakes = [engine.spawn(context) for engine in engines]
+    try:
+        return [engine.wait_ready(handshake, start_timeout_s) for engine, handshake in zip(engines, handshakes)]
+    except BaseException:
+        for engine, handshake in zip(engines, handshakes):
+            handshake.close(linger=0)
+            engine.shutdown()
+        raise

@@ -21,6 +21,7 @@ from vjx.attention.metadata import AttentionMetadata
 from vjx.models.layers.linear import Embedding, Linear
 from vjx.models.layers.norm import RMSNorm
 from vjx.models.layers.rotary import RotaryEmbedding
+from vjx.sharding.constraints import constrain
 
 _ACTIVATIONS = {"silu": jax.nn.silu}
 
@@ -159,10 +160,13 @@ class LlamaModel(nnx.Module):
         kv_caches: list[Array],
         md: AttentionMetadata,
     ) -> tuple[Float[Array, "T D"], list[Array]]:
-        x = self.embed_tokens(input_ids)
+        # The residual stream is pinned at every layer boundary (whole on each device under
+        # tensor parallelism), so each row-parallel projection ends in one all-reduce.
+        x = constrain(self.embed_tokens(input_ids), ("tokens", "embed"))
         new_caches = []
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x, kv_cache = layer(x, positions, kv_cache, md)
+            x = constrain(x, ("tokens", "embed"))
             new_caches.append(kv_cache)
         return self.norm(x), new_caches
 
@@ -199,9 +203,12 @@ class LlamaForCausalLM(nnx.Module):
         return self.model(input_ids, positions, kv_caches, md)
 
     def compute_logits(self, hidden: Float[Array, "R D"]) -> Float[Array, "R V"]:
-        """float32 logits; computed in the model dtype and then upcast, as HF does."""
+        """float32 logits; computed in the model dtype and then upcast, as HF does.
+
+        They stay split over the vocabulary like the LM head (each device computes its part of
+        every row), so a caller that wants whole rows gathers logits, never the head."""
         if self.lm_head is None:
             logits = self.model.embed_tokens.attend(hidden)
         else:
             logits = self.lm_head(hidden)
-        return logits.astype(jnp.float32)
+        return constrain(logits, ("tokens", "vocab")).astype(jnp.float32)

@@ -1,9 +1,12 @@
 """Builds a model abstractly and fills its params from safetensors files or random values.
 
 The module is created with `nnx.eval_shape`, so no weight is initialized twice and no full
-copy of the model is built on the host: each checkpoint tensor is memory-mapped, renamed,
-laid out as its param, cast, and put straight on its device (or its `NamedSharding`, from
-the logical axes and vjx/sharding/rules.py, when a mesh is given).
+copy of the model is built on the host: each checkpoint tensor is memory-mapped, renamed and
+laid out as its param, and each device then receives only its own block of it, cast to the
+param dtype (the `NamedSharding` comes from the param's logical axes through
+vjx/sharding/rules.py; without a mesh, the one default device takes it whole). When the mesh
+has more `model` devices than the model has KV heads, K/V projections are repeated per head
+at this point (vjx/sharding/placement.py), so their params hold the repeated heads.
 
 A checkpoint tensor's name is the param's module path plus the layer's HF name for it:
 `model.layers.0.self_attn.q_proj.weight` fills `model.layers[0].self_attn.q_proj.kernel`.
@@ -27,6 +30,8 @@ from vjx.config import ModelConfig
 from vjx.models.layers.linear import INIT_STDDEV
 from vjx.models.layers.param import logical_axes_of
 from vjx.models.registry import get_model_class
+from vjx.sharding.mesh import model_axis_size
+from vjx.sharding.placement import kv_head_replicas, place, repeat_kv_heads
 from vjx.sharding.rules import logical_sharding
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -57,6 +62,26 @@ class _ParamSlot:
     param: nnx.Param
 
 
+@dataclasses.dataclass(frozen=True)
+class _Placement:
+    """Where a param's value lives: its sharding and how often its KV heads repeat."""
+
+    mesh: Mesh | None
+
+    def sharding(self, param: nnx.Param) -> Sharding:
+        if self.mesh is None:
+            return SingleDeviceSharding(jax.devices()[0])
+        return logical_sharding(self.mesh, logical_axes_of(param))
+
+    def kv_heads(self, param: nnx.Param) -> tuple[int, int]:
+        """(axis of the KV heads, copies of each) of `param`; (0, 1) for other params."""
+        axes = logical_axes_of(param)
+        if "kv_heads" not in axes:
+            return 0, 1
+        axis = axes.index("kv_heads")
+        return axis, kv_head_replicas(param.shape[axis], model_axis_size(self.mesh))
+
+
 def get_model(
     model_config: ModelConfig, backend: AttentionBackend, *, mesh: Mesh | None = None
 ) -> nnx.Module:
@@ -75,7 +100,7 @@ def get_model(
         )
     )
     slots = _param_slots(model)
-    placement = functools.partial(_sharding_of, mesh=mesh)
+    placement = _Placement(mesh)
     if model_config.load_format == "dummy":
         _fill_dummy(slots, model_config.seed, placement)
     else:
@@ -98,36 +123,38 @@ def _param_slots(model: nnx.Module) -> dict[str, _ParamSlot]:
     return slots
 
 
-def _sharding_of(param: nnx.Param, mesh: Mesh | None) -> Sharding:
-    if mesh is None:
-        return SingleDeviceSharding(jax.devices()[0])
-    return logical_sharding(mesh, logical_axes_of(param))
+def _fill_dummy(slots: dict[str, _ParamSlot], seed: int, placement: _Placement) -> None:
+    """Random normal params (norm weights: ones), drawn on the devices in the param dtype.
 
-
-def _fill_dummy(slots: dict[str, _ParamSlot], seed: int, placement) -> None:
-    """Random normal params (norm weights: ones), drawn on the device in the param dtype."""
+    Each device draws only its own block (JAX's partitionable threefry), and the values do not
+    depend on the mesh, so every layout holds the same model."""
     for index, name in enumerate(sorted(slots)):
         param = slots[name].param
         is_norm = logical_axes_of(param) == ("norm",)
-        make = _dummy_fn(param.shape, param.dtype, placement(param), is_norm)
+        make = _dummy_fn(param.shape, param.dtype, placement.sharding(param), is_norm,
+                         placement.kv_heads(param))
         param.set_value(make(jnp.uint32(seed), jnp.uint32(index)))
 
 
 @functools.lru_cache(maxsize=None)
-def _dummy_fn(shape: tuple[int, ...], dtype: jnp.dtype, sharding: Sharding, is_norm: bool):
-    """One compiled generator per (shape, dtype, sharding, kind), shared by all layers."""
+def _dummy_fn(shape: tuple[int, ...], dtype: jnp.dtype, sharding: Sharding, is_norm: bool,
+              kv_heads: tuple[int, int]):
+    """One compiled generator per (shape, dtype, sharding, kind, KV head repeats), shared by
+    all layers."""
+    axis, replicas = kv_heads
 
     def make(seed, index):
         if is_norm:
             return jnp.ones(shape, dtype)
         key = jax.random.fold_in(jax.random.key(seed), index)
-        return jax.random.normal(key, shape, dtype) * jnp.asarray(INIT_STDDEV, dtype)
+        value = jax.random.normal(key, shape, dtype) * jnp.asarray(INIT_STDDEV, dtype)
+        return jnp.repeat(value, replicas, axis=axis)
 
     return jax.jit(make, out_shardings=sharding)
 
 
 def _fill_from_safetensors(
-    slots: dict[str, _ParamSlot], directory: pathlib.Path, is_tied: bool, placement
+    slots: dict[str, _ParamSlot], directory: pathlib.Path, is_tied: bool, placement: _Placement
 ) -> None:
     loaded = set()
     for path in _safetensors_files(directory):
@@ -146,8 +173,8 @@ def _fill_from_safetensors(
                     f"tensor {name!r} in {path} has shape {tensor.shape}, which does not fit "
                     f"the param's shape {slot.param.shape}."
                 )
-            host = np.asarray(value).astype(slot.param.dtype)
-            slot.param.set_value(jax.device_put(host, placement(slot.param)))
+            value = repeat_kv_heads(value, *placement.kv_heads(slot.param))
+            slot.param.set_value(place(value, slot.param.dtype, placement.sharding(slot.param)))
             loaded.add(name)
     missing = sorted(set(slots) - loaded)
     if missing:

@@ -3,7 +3,9 @@
 Model code names what each array dimension means (`heads`, `mlp`, ...); only this table says
 how those dimensions are spread over the device mesh. Tensor parallelism shards attention
 heads, KV heads, MLP width and the vocabulary over the `model` axis (Megatron-style: column
-parallel in, row parallel out); everything else is replicated.
+parallel in, row parallel out); everything else is replicated. XLA inserts the collectives
+the layouts imply: an all-reduce after each row-parallel projection and after the
+vocab-parallel embedding lookup, an all-gather of the logits rows before sampling.
 """
 
 from collections.abc import Sequence
@@ -11,6 +13,7 @@ from collections.abc import Sequence
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 LOGICAL_AXIS_RULES: dict[str, str | None] = {
+    "tokens": None,
     "embed": None,
     "vocab": "model",
     "heads": "model",

@@ -14,18 +14,19 @@ import logging
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vjx.config import VjxConfig
 from vjx.core.sched.output import SchedulerOutput
 from vjx.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
+from vjx.sharding.placement import filled
 from vjx.worker.compile_watch import CompileWatch
 from vjx.worker.input_batch import CachedRequestState, InputBatch
+from vjx.worker.slot_tables import SlotTables
 from vjx.worker.step import compile_step, enable_compilation_cache
 from vjx.worker.step_layout import StepLayout, token_buckets
-from vjx.worker.slot_tables import SlotTables
 from vjx.worker.step_outputs import StepRecord, collect_logprobs
 
 logger = logging.getLogger(__name__)
@@ -34,19 +35,26 @@ _SEED_MASK = 0x7FFFFFFF
 
 
 class ModelRunner:
-    """Owns the persistent batch, the KV cache arrays and the compiled step variants."""
+    """Owns the persistent batch, the KV cache arrays and the compiled step variants.
 
-    def __init__(self, config: VjxConfig, model: nnx.Module, kv_caches: list[jax.Array]):
-        """`kv_caches`: one array per layer, in the attention backend's layout."""
+    Everything the step reads besides params and KV cache (token history, sampling tables,
+    the packed inputs, the previous step's tokens) is replicated over `mesh`.
+    """
+
+    def __init__(self, config: VjxConfig, model: nnx.Module, kv_caches: list[jax.Array], mesh: Mesh):
+        """`kv_caches`: one array per layer, in the attention backend's layout, on `mesh`."""
         sched = config.scheduler_config
+        self.mesh = mesh
+        self.replicated = NamedSharding(mesh, PartitionSpec())
         self.block_size = config.cache_config.block_size
         self.max_num_reqs = sched.max_num_seqs
         max_blocks = -(-sched.max_model_len // self.block_size)
         self.input_batch = InputBatch(self.max_num_reqs, sched.max_model_len, max_blocks)
         self.requests: dict[str, CachedRequestState] = {}
         self.kv_caches = kv_caches
-        self.history = jnp.zeros((self.max_num_reqs, sched.max_model_len), jnp.int32)
-        self.slot_tables = SlotTables(self.max_num_reqs, config.model_config.hf_config.vocab_size)
+        self.history = filled((self.max_num_reqs, sched.max_model_len), np.int32, 0, self.replicated)
+        self.slot_tables = SlotTables(self.max_num_reqs, config.model_config.hf_config.vocab_size,
+                                      self.replicated)
         self.graphdef, state = nnx.split(model)
         self.param_leaves, self.treedef = jax.tree.flatten(state)
         self.layouts = {
@@ -61,7 +69,7 @@ class ModelRunner:
         self._num_steps = 0
         self._compiled = {}
         self._seed_rng = np.random.default_rng(config.model_config.seed)
-        self._last_sampled = jax.device_put(np.zeros(self.max_num_reqs, np.int32))
+        self._last_sampled = filled((self.max_num_reqs,), np.int32, 0, self.replicated)
         self._last_sample_index: dict[str, int] = {}
         """Requests the last dispatched step samples for, and their index in its output."""
         self.compile_watch = CompileWatch()
@@ -79,7 +87,7 @@ class ModelRunner:
     def compile_layout(self, num_tokens: int):
         return compile_step(
             self.layouts[num_tokens], self.graphdef, self.treedef, self.param_leaves, self.kv_caches,
-            self.history, self.slot_tables.arrays,
+            self.history, self.slot_tables.arrays, self.mesh,
         )
 
     def execute_model(
@@ -98,7 +106,7 @@ class ModelRunner:
         with self.compile_watch:
             self.kv_caches, self.history, sampled, logprobs, prompt_logprobs = self._compiled[layout.num_tokens](
                 self.param_leaves, self.kv_caches, self.history, self.slot_tables.arrays, self._last_sampled,
-                jax.device_put(packed),
+                jax.device_put(packed, self.replicated),
             )
         self._last_sampled = sampled
         self._last_sample_index = {r: i for i, r in enumerate(record.req_ids) if record.is_sampling[i]}

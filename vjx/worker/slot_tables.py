@@ -9,10 +9,11 @@ Legend: R slots (`max_num_seqs`), V vocab, B bad word sequences, W tokens per se
 """
 
 import jax
-import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Sharding
 
 from vjx.sampling_params import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS, SamplingParams
+from vjx.sharding.placement import filled
 
 
 def _set_row(bias, bad_words, slot, bias_row, bad_words_row):
@@ -24,16 +25,18 @@ def has_tables(params: SamplingParams) -> bool:
 
 
 class SlotTables:
-    """`bias [R, V]` float32 and `bad_words [R, B, W]` int32 (right-aligned, -1 padded)."""
+    """`bias [R, V]` float32 and `bad_words [R, B, W]` int32 (right-aligned, -1 padded), both
+    laid out by `sharding` (replicated over the mesh: the sampler reads whole rows)."""
 
-    def __init__(self, num_slots: int, vocab_size: int):
+    def __init__(self, num_slots: int, vocab_size: int, sharding: Sharding):
         self.vocab_size = vocab_size
-        self.bias = jnp.zeros((num_slots, vocab_size), jnp.float32)
-        self.bad_words = jnp.full((num_slots, MAX_BAD_WORDS, MAX_BAD_WORD_TOKENS), -1, jnp.int32)
+        self.bias = filled((num_slots, vocab_size), np.float32, 0, sharding)
+        self.bad_words = filled((num_slots, MAX_BAD_WORDS, MAX_BAD_WORD_TOKENS), np.int32, -1, sharding)
         self._is_dirty = np.zeros(num_slots, bool)
         args = (self.bias, self.bad_words, np.int32(0), self.bias[0], self.bad_words[0])
-        structs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args)
-        self._set_row = jax.jit(_set_row, donate_argnums=(0, 1)).lower(*structs).compile()
+        structs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), args)
+        set_row = jax.jit(_set_row, out_shardings=sharding, donate_argnums=(0, 1))
+        self._set_row = set_row.lower(*structs).compile()
 
     @property
     def arrays(self) -> tuple[jax.Array, jax.Array]:

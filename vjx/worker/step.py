@@ -15,11 +15,13 @@ import pathlib
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vjx.attention.metadata import AttentionMetadata
 from vjx.sampling.logprobs import compute_logprobs
 from vjx.sampling.metadata import SamplingMetadata
 from vjx.sampling.sampler import sample
+from vjx.sharding.constraints import replicate
 from vjx.worker.step_layout import StepLayout
 
 _COMPILATION_CACHE_DIR = pathlib.Path.home() / ".cache" / "vjx" / "jax"
@@ -108,7 +110,7 @@ def _prompt_logprobs(layout: StepLayout, model, hidden, targets):
 
     def one_chunk(args):
         hidden_c, targets_c = args
-        return compute_logprobs(model.compute_logits(hidden_c), jnp.maximum(targets_c, 0), k)
+        return compute_logprobs(_logits(model, hidden_c), jnp.maximum(targets_c, 0), k)
 
     def compute():
         parts = (hidden.reshape(num_tokens // chunk, chunk, -1), targets.reshape(num_tokens // chunk, chunk))
@@ -116,6 +118,12 @@ def _prompt_logprobs(layout: StepLayout, model, hidden, targets):
         return ids.reshape(num_tokens, k + 1), lps.reshape(num_tokens, k + 1), ranks.reshape(num_tokens)
 
     return jax.lax.cond(jnp.any(targets >= 0), compute, lambda: _empty_logprobs(num_tokens, k))
+
+
+def _logits(model, hidden):
+    """Whole logits rows on every device: the vocab-parallel LM head's shards are gathered,
+    so sampling and logprobs see the full vocabulary and every device draws the same token."""
+    return replicate(model.compute_logits(hidden))
 
 
 def model_step(layout: StepLayout, graphdef, treedef, param_leaves, kv_caches, history, slot_tables,
@@ -131,7 +139,7 @@ def model_step(layout: StepLayout, graphdef, treedef, param_leaves, kv_caches, h
     history = history.at[f["token_slots"], f["positions"]].set(input_ids, mode="drop")
     model = nnx.merge(graphdef, jax.tree.unflatten(treedef, param_leaves))
     hidden, kv_caches = model(input_ids, f["positions"], kv_caches, _attention_metadata(layout, f))
-    logits = model.compute_logits(hidden[f["logits_indices"]])
+    logits = _logits(model, hidden[f["logits_indices"]])
     sampled = sample(logits, _sampling_metadata(layout, f, history, slot_tables))
     logprobs = _sample_logprobs(layout, logits, sampled, f["num_logprobs"])
     prompt_logprobs = _prompt_logprobs(layout, model, hidden, f["prompt_logprobs_targets"])
@@ -139,13 +147,26 @@ def model_step(layout: StepLayout, graphdef, treedef, param_leaves, kv_caches, h
     return kv_caches, history, sampled, logprobs, prompt_logprobs
 
 
-def compile_step(layout: StepLayout, graphdef, treedef, param_leaves, kv_caches, history, slot_tables):
-    """AOT-compiles the step for one layout; the result is called with real arrays."""
-    fn = jax.jit(functools.partial(model_step, layout, graphdef, treedef), donate_argnums=(1, 2))
-    structs = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-        (param_leaves, kv_caches, history, slot_tables),
+def compile_step(layout: StepLayout, graphdef, treedef, param_leaves, kv_caches, history, slot_tables,
+                 mesh: Mesh):
+    """AOT-compiles the step for one layout on `mesh`; the result is called with real arrays.
+
+    Params and KV caches keep the shardings they were placed with (the cache goes out as it
+    came in, so donation updates it in place); every other input and output is replicated.
+    The trace runs under `jax.set_mesh(mesh)`, which the model's activation constraints and
+    the attention `shard_map` read.
+    """
+    replicated = NamedSharding(mesh, PartitionSpec())
+    state = (param_leaves, kv_caches, history, slot_tables)
+    state_shardings = jax.tree.map(lambda x: x.sharding, state)
+    fn = jax.jit(
+        functools.partial(model_step, layout, graphdef, treedef),
+        in_shardings=(*state_shardings, replicated, replicated),
+        out_shardings=(state_shardings[1], state_shardings[2], replicated, replicated, replicated),
+        donate_argnums=(1, 2),
     )
-    prev_sampled = jax.ShapeDtypeStruct((layout.num_reqs,), jnp.int32)
-    packed = jax.ShapeDtypeStruct((layout.size,), jnp.int32)
-    return fn.lower(*structs, prev_sampled, packed).compile()
+    structs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+    prev_sampled = jax.ShapeDtypeStruct((layout.num_reqs,), jnp.int32, sharding=replicated)
+    packed = jax.ShapeDtypeStruct((layout.size,), jnp.int32, sharding=replicated)
+    with jax.set_mesh(mesh):
+        return fn.lower(*structs, prev_sampled, packed).compile()

@@ -1,0 +1,47 @@
+"""Tiny random Llama checkpoints for the parallelism tests, saved by `transformers`.
+
+Eight query heads, so tensor parallelism of 1, 2, 4 and 8 splits them evenly; the KV head
+count varies (8, 4, 2, 1: down to one head, repeated on every device). Weights are scaled
+so that logits are O(1) (HF's std-0.02 init gives near ties), and the vocabulary (296, a
+multiple of 8) stays inside the test tokenizer's 300 ids.
+"""
+
+import torch
+import transformers
+
+from tests.engine.test_output_processor import make_tokenizer
+from tests.models.test_llama_parity import randomize_
+
+VOCAB = 296
+NUM_HEADS = 8
+HEAD_DIM = 8
+HIDDEN = NUM_HEADS * HEAD_DIM
+MLP = 128
+PROMPTS = [{"prompt_token_ids": [(7 * i + 3 * j) % 290 + 2 for j in range(5 + 9 * i)]} for i in range(4)]
+"""Four prompts of 5 to 32 tokens, so a 16-token budget chunks the longer ones."""
+ENGINE_ARGS = dict(
+    max_model_len=64, max_num_seqs=4, max_num_batched_tokens=16, num_gpu_blocks_override=32,
+    multiprocess=False, async_scheduling=False,
+)
+"""One 16-token bucket: the cheapest compile, and every step mixes prefill chunks with decodes."""
+
+
+def tiny_config(num_kv_heads: int, **overrides) -> transformers.LlamaConfig:
+    fields = dict(
+        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=MLP, num_hidden_layers=2,
+        num_attention_heads=NUM_HEADS, num_key_value_heads=num_kv_heads, head_dim=HEAD_DIM,
+        max_position_embeddings=128, tie_word_embeddings=False, bos_token_id=0, eos_token_id=1,
+    )
+    config = transformers.LlamaConfig(**{**fields, **overrides})
+    config.architectures = ["LlamaForCausalLM"]
+    return config
+
+
+def save_tiny_llama(path, num_kv_heads: int, seed: int = 0, **overrides) -> transformers.LlamaForCausalLM:
+    """Writes config, safetensors weights and the test tokenizer to `path`; returns the HF model."""
+    torch.manual_seed(seed)
+    hf_model = transformers.LlamaForCausalLM(tiny_config(num_kv_heads, **overrides)).eval()
+    randomize_(hf_model, seed)
+    hf_model.save_pretrained(path)
+    make_tokenizer().save_pretrained(path)
+    return hf_model

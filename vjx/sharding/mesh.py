@@ -1,0 +1,53 @@
+"""The device mesh of one engine replica, built from `ParallelConfig`.
+
+Axes are `data` and `model`. Tensor parallelism spreads heads, MLP width and vocabulary over
+`model` (see rules.py). Data parallelism runs independent engine replicas, each with its own
+scheduler and KV pool, so one replica's mesh has `data` of size 1; replica r takes the r-th
+group of `tensor_parallel_size` consecutive devices. Keeping the `data` axis on every mesh
+lets the same specs serve a mesh that later batches several replicas in one program.
+"""
+
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh
+
+from vjx.config import ParallelConfig
+
+MESH_AXES = ("data", "model")
+"""Mesh axis names, outermost first."""
+
+
+def device_groups(parallel_config: ParallelConfig, devices: Sequence | None = None) -> list[list]:
+    """The devices of each data-parallel replica: `data_parallel_size` disjoint groups of
+    `tensor_parallel_size` devices, taken in order from `devices` (default: `jax.devices()`)."""
+    devices = list(jax.devices() if devices is None else devices)
+    tp, dp = parallel_config.tensor_parallel_size, parallel_config.data_parallel_size
+    if tp < 1 or dp < 1:
+        raise ValueError(f"tensor_parallel_size and data_parallel_size must be >= 1, got {tp} and {dp}.")
+    if tp * dp > len(devices):
+        raise ValueError(
+            f"tensor_parallel_size x data_parallel_size = {tp} x {dp} = {tp * dp} devices, "
+            f"but only {len(devices)} are available; use at most {len(devices)}."
+        )
+    return [devices[rank * tp : (rank + 1) * tp] for rank in range(dp)]
+
+
+def make_mesh(parallel_config: ParallelConfig, devices: Sequence | None = None) -> Mesh:
+    """The mesh of replica `parallel_config.data_parallel_rank`: shape (1, tensor_parallel_size)."""
+    groups = device_groups(parallel_config, devices)
+    rank = parallel_config.data_parallel_rank
+    if not 0 <= rank < len(groups):
+        raise ValueError(f"data_parallel_rank must be in [0, {len(groups) - 1}], got {rank}.")
+    # Auto axes: XLA propagates shardings from the params and the few constraints the model
+    # sets, as the rules table intends (Explicit axes would demand a spec for every op).
+    devices = np.asarray(groups[rank], dtype=object).reshape(1, -1)
+    return Mesh(devices, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+def model_axis_size(mesh: Mesh | None) -> int:
+    """Devices along `model` (1 without a mesh or without that axis)."""
+    if mesh is None or "model" not in mesh.axis_names:
+        return 1
+    return mesh.shape["model"]

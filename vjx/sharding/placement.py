@@ -1,0 +1,63 @@
+"""Placing weights on the mesh: each device receives only its own block of a tensor.
+
+A checkpoint tensor is read (memory-mapped) on the host and handed to
+`jax.make_array_from_callback`, which asks for one index per device; only that slice is cast
+and copied, so no device ever holds more of a sharded weight than its shard, and no full
+copy is staged on one device first.
+
+When a model has fewer KV heads than devices on `model`, each KV head is repeated at load
+time so that every device holds whole heads: head k becomes heads k*r .. k*r + r - 1 for
+r = tensor_parallel_size / num_kv_heads. Query head n then still reads (a copy of) its own
+KV head n // (num_heads / num_kv_heads), and the KV cache holds the repeated heads.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Sharding
+
+
+def kv_head_replicas(num_kv_heads: int, tensor_parallel_size: int) -> int:
+    """Copies of each KV head tensor parallelism needs (1 unless there are fewer KV heads than
+    devices); raises ValueError when neither count divides the other."""
+    if num_kv_heads >= tensor_parallel_size:
+        if num_kv_heads % tensor_parallel_size:
+            raise ValueError(
+                f"tensor_parallel_size ({tensor_parallel_size}) must divide the model's "
+                f"num_key_value_heads ({num_kv_heads}), or be a multiple of it."
+            )
+        return 1
+    if tensor_parallel_size % num_kv_heads:
+        raise ValueError(
+            f"tensor_parallel_size ({tensor_parallel_size}) must be a multiple of the model's "
+            f"num_key_value_heads ({num_kv_heads}) when it exceeds it."
+        )
+    return tensor_parallel_size // num_kv_heads
+
+
+def repeat_kv_heads(tensor: np.ndarray, axis: int, replicas: int) -> np.ndarray:
+    """Each KV head of `tensor` (heads along `axis`) repeated `replicas` times, in place order."""
+    return tensor if replicas == 1 else np.repeat(tensor, replicas, axis=axis)
+
+
+def place(host: np.ndarray, dtype, sharding: Sharding) -> jax.Array:
+    """`host` as a `dtype` array laid out by `sharding`; each device's slice is cast and copied
+    on its own."""
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: _block(host, index, dtype))
+
+
+def _block(host: np.ndarray, index: tuple[slice, ...], dtype) -> np.ndarray:
+    return np.ascontiguousarray(host[index]).astype(dtype, copy=False)
+
+
+def filled(shape: tuple[int, ...], dtype, value, sharding: Sharding) -> jax.Array:
+    """A constant array created in place on the devices of `sharding` (e.g. a zeroed KV cache),
+    never staged whole on the host or on one device."""
+    return _filled_fn(tuple(shape), jnp.dtype(dtype), value, sharding)()
+
+
+@functools.lru_cache(maxsize=None)
+def _filled_fn(shape: tuple[int, ...], dtype, value, sharding: Sharding):
+    return jax.jit(lambda: jnp.full(shape, value, dtype), out_shardings=sharding)
