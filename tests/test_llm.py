@@ -225,3 +225,22 @@ def test_stats_are_logged_when_enabled(large_llm, caplog, monkeypatch):
         large_llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)
     (line,) = [r.getMessage() for r in caplog.records if r.name == "vjx.engine.llm_engine"]
     assert line.startswith("Running: ") and "KV cache usage: " in line and "Prefix cache hit rate: " in line
+
+
+def test_plain_steps_leave_out_conditionals_and_draw_like_general_ones(large_llm, monkeypatch):
+    from vjx.worker.step_layout import GENERAL, PLAIN
+
+    runner = large_llm.llm_engine.engine_core.engine_core.model_executor.worker.model_runner
+    assert all("conditional" not in step.as_text() for (_, features), step in runner._compiled.items()
+               if features == PLAIN)
+    chosen = []
+    features_of = runner._features
+    monkeypatch.setattr(runner, "_features", lambda *args: chosen.append(features_of(*args)) or chosen[-1])
+    sampled = SamplingParams(temperature=0.9, seed=5, max_tokens=10, ignore_eos=True)
+    penalized = SamplingParams(temperature=0.0, repetition_penalty=1.3, max_tokens=10, ignore_eos=True)
+    alone = large_llm.generate(PROMPTS[2], sampled, use_tqdm=False)[0].outputs[0].token_ids
+    assert set(chosen) == {PLAIN}
+    chosen.clear()
+    beside = large_llm.generate(PROMPTS[2:4], [sampled, penalized], use_tqdm=False)[0].outputs[0].token_ids
+    assert set(chosen) == {GENERAL}
+    assert beside == alone

@@ -57,6 +57,7 @@ class InputBatch:
         self.num_prompt_logprobs = np.full(max_num_reqs, -1, np.int32)
         self.min_tokens = np.zeros(max_num_reqs, np.int32)
         self.has_logit_bias = np.zeros(max_num_reqs, bool)
+        self.has_bad_words = np.zeros(max_num_reqs, bool)
         self.min_tokens_stop_ids = np.full((max_num_reqs, MAX_MIN_TOKENS_STOP_IDS), -1, np.int32)
         self.block_table = BlockTable(max_num_reqs, max_num_blocks_per_req)
 
@@ -88,6 +89,7 @@ class InputBatch:
         self.num_prompt_logprobs[row] = params.prompt_logprobs if wants_prompt_logprobs else -1
         self._set_min_tokens(row, state)
         self.has_logit_bias[row] = bool(params.logit_bias or params.allowed_token_ids)
+        self.has_bad_words[row] = bool(params.bad_words_token_ids)
         self.block_table.add_row(state.block_ids, row)
         return row
 

@@ -10,7 +10,10 @@ one runs (async scheduling). A token the next step needs before it reaches the h
 on the device from this step's output.
 """
 
+import concurrent.futures
+import dataclasses
 import logging
+import os
 import time
 
 import jax
@@ -26,7 +29,7 @@ from vjx.worker.compile_watch import CompileWatch
 from vjx.worker.input_batch import CachedRequestState, InputBatch
 from vjx.worker.slot_tables import SlotTables
 from vjx.worker.step import compile_step, enable_compilation_cache
-from vjx.worker.step_layout import StepLayout, token_buckets
+from vjx.worker.step_layout import GENERAL, PLAIN, StepFeatures, StepLayout, token_buckets
 from vjx.worker.step_outputs import StepRecord, collect_logprobs
 
 logger = logging.getLogger(__name__)
@@ -75,18 +78,22 @@ class ModelRunner:
         self.compile_watch = CompileWatch()
 
     def compile_or_warm_up_model(self) -> float:
-        """Compiles every bucket's step ahead of the first request; returns the seconds spent."""
+        """Compiles both variants of every bucket's step ahead of the first request, side by
+        side in threads (XLA compiles outside the GIL); returns the seconds spent."""
         enable_compilation_cache()
         start = time.perf_counter()
-        for num_tokens in self.layouts:
-            self._compiled[num_tokens] = self.compile_layout(num_tokens)
+        variants = [(t, features) for t in self.layouts for features in (PLAIN, GENERAL)]
+        with concurrent.futures.ThreadPoolExecutor(min(len(variants), os.cpu_count() or 1)) as pool:
+            compiled = pool.map(lambda variant: self.compile_layout(*variant), variants)
+            self._compiled = dict(zip(variants, compiled))
         elapsed = time.perf_counter() - start
-        logger.info("compiled %d step variants in %.1f s", len(self.layouts), elapsed)
+        logger.info("compiled %d step variants in %.1f s", len(variants), elapsed)
         return elapsed
 
-    def compile_layout(self, num_tokens: int):
+    def compile_layout(self, num_tokens: int, features: StepFeatures = GENERAL):
+        layout = dataclasses.replace(self.layouts[num_tokens], features=features)
         return compile_step(
-            self.layouts[num_tokens], self.graphdef, self.treedef, self.param_leaves, self.kv_caches,
+            layout, self.graphdef, self.treedef, self.param_leaves, self.kv_caches,
             self.history, self.slot_tables.arrays, self.mesh,
         )
 
@@ -103,14 +110,28 @@ class ModelRunner:
         rows, num_tokens = self._order_rows(scheduler_output)
         layout = self._layout_for(int(num_tokens.sum()))
         packed, record = self._prepare_inputs(layout, rows, num_tokens)
+        step = self._compiled[layout.num_tokens, self._features(layout, packed, rows, record)]
         with self.compile_watch:
-            self.kv_caches, self.history, sampled, logprobs, prompt_logprobs = self._compiled[layout.num_tokens](
+            self.kv_caches, self.history, sampled, logprobs, prompt_logprobs = step(
                 self.param_leaves, self.kv_caches, self.history, self.slot_tables.arrays, self._last_sampled,
                 jax.device_put(packed, self.replicated),
             )
         self._last_sampled = sampled
         self._last_sample_index = {r: i for i, r in enumerate(record.req_ids) if record.is_sampling[i]}
         return AsyncModelRunnerOutput(lambda: self._collect(record, sampled, logprobs, prompt_logprobs))
+
+    def _features(self, layout: StepLayout, packed: np.ndarray, rows: np.ndarray, record: StepRecord) -> StepFeatures:
+        """PLAIN when no row of the step filters, processes its logits or wants logprobs."""
+        batch = self.input_batch
+        uses_filter = (batch.top_k[rows] > 0) | (batch.top_p[rows] < 1.0) | (batch.min_p[rows] > 0.0)
+        uses_processor = (
+            (batch.presence_penalty[rows] != 0.0) | (batch.frequency_penalty[rows] != 0.0)
+            | (batch.repetition_penalty[rows] != 1.0) | batch.has_logit_bias[rows] | batch.has_bad_words[rows]
+            | (layout.view(packed, "is_below_min_tokens")[: len(rows)] != 0)
+        )
+        if uses_filter.any() or uses_processor.any() or (batch.num_logprobs[rows] >= 0).any():
+            return GENERAL
+        return GENERAL if record.has_prompt_target.any() else PLAIN
 
     def _update_states(self, so: SchedulerOutput) -> None:
         batch = self.input_batch

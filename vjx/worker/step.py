@@ -59,11 +59,10 @@ def _sampling_metadata(layout: StepLayout, f: dict, history, slot_tables) -> Sam
     # Penalties count the history; a bad word of several tokens matches its end.
     needs_history = jnp.any((f["presence_penalty"] != 0) | (f["frequency_penalty"] != 0)
                             | (f["repetition_penalty"] != 1)) | jnp.any(bad_words[:, :, :-1] >= 0)
-    token_ids = jax.lax.cond(
-        needs_history,
-        lambda: history[f["sample_slots"]],
-        lambda: jnp.zeros((rs, history.shape[1]), jnp.int32),
-    )
+    no_history = jnp.zeros((rs, history.shape[1]), jnp.int32)
+    token_ids = no_history
+    if layout.features.may_process:
+        token_ids = jax.lax.cond(needs_history, lambda: history[f["sample_slots"]], lambda: no_history)
     return SamplingMetadata(
         temperature=f["temperature"],
         top_k=f["top_k"],
@@ -83,6 +82,8 @@ def _sampling_metadata(layout: StepLayout, f: dict, history, slot_tables) -> Sam
         stop_token_ids=f["stop_token_ids"],
         is_below_min_tokens=f["is_below_min_tokens"] > 0,
         bad_words=bad_words,
+        may_filter=layout.features.may_filter,
+        may_process=layout.features.may_process,
     )
 
 
@@ -96,6 +97,8 @@ def _empty_logprobs(num_rows: int, k: int):
 
 def _sample_logprobs(layout: StepLayout, logits, sampled, num_logprobs):
     """Logprobs of the raw logits for the sampled tokens, when some row asked for them."""
+    if not layout.features.has_logprobs:
+        return _empty_logprobs(layout.num_sampled, layout.max_logprobs)
     return jax.lax.cond(
         jnp.any(num_logprobs >= 0),
         lambda: compute_logprobs(logits, sampled, layout.max_logprobs),
@@ -106,6 +109,8 @@ def _sample_logprobs(layout: StepLayout, logits, sampled, num_logprobs):
 def _prompt_logprobs(layout: StepLayout, model, hidden, targets):
     """Logprobs of each next prompt token, computed chunk by chunk over all T tokens."""
     num_tokens, k = layout.num_tokens, layout.max_logprobs
+    if not layout.features.has_prompt_logprobs:
+        return _empty_logprobs(num_tokens, k)
     chunk = min(num_tokens & -num_tokens, _PROMPT_LOGITS_CHUNK)
 
     def one_chunk(args):

@@ -33,14 +33,39 @@ def token_buckets(max_num_batched_tokens: int) -> list[int]:
 
 
 @dataclasses.dataclass(frozen=True)
+class StepFeatures:
+    """What a step's sampling may need beyond greedy and temperature draws (static).
+
+    Each bucket is compiled twice: `PLAIN` leaves filters, logits processors and logprobs
+    out, so the program has no run-time conditional (on a GPU, XLA reads a conditional's
+    predicate on the host, which makes the step's dispatch wait for the device); `GENERAL`
+    has them all, each behind a run-time check. The runner picks PLAIN when no row of the
+    step uses any of them.
+    """
+
+    may_filter: bool = True
+    """Some row may use min-p, top-k or top-p."""
+    may_process: bool = True
+    """Some row may use penalties, logit bias, allowed tokens, bad words or min_tokens."""
+    has_logprobs: bool = True
+    has_prompt_logprobs: bool = True
+
+
+GENERAL = StepFeatures()
+PLAIN = StepFeatures(may_filter=False, may_process=False, has_logprobs=False, has_prompt_logprobs=False)
+
+
+@dataclasses.dataclass(frozen=True)
 class StepLayout:
-    """Field offsets of the packed buffer for one bucket (all sizes static)."""
+    """Field offsets of the packed buffer for one bucket (all sizes static), and the compiled
+    variant's features (which do not change the buffer)."""
 
     num_tokens: int  # T
     num_reqs: int  # R
     num_sampled: int  # Rs
     max_num_blocks_per_req: int  # W
     max_logprobs: int  # K: static width of the logprobs the step returns
+    features: StepFeatures = GENERAL
 
     @functools.cached_property
     def shapes(self) -> dict[str, tuple[int, ...]]:
