@@ -104,9 +104,6 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # This process only tokenizes and serves; the engine core's process owns the accelerator.
-    # Without this, JAX here would reserve most of the GPU memory before the engine starts.
-    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:
         return _bench(argv[1:])
