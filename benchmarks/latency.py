@@ -143,11 +143,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"latency: {device}, {model_config.model}, start-up "
           + ", ".join(f"{name} {value}" for name, value in harness.startup_rows(result)), flush=True)
     harness.print_header(HEADER)
+    profiler = llm.llm_engine.engine_core.engine_core.profiler  # set with --profile-host
     for batch_size in args.batch_size:
+        if profiler is not None:
+            profiler.reset()
         run = run_batch(llm, args, batch_size, rng)
+        if profiler is not None:
+            run["host_profile_ms"] = {name: value * 1e3 for name, value in profiler.means().items()}
         run.update(roofline.latency_roofline(shape, peak, (batch_size, args.input_len, args.output_len), run))
         result["runs"].append(run)
         harness.print_row(table_row(run))
+        if profiler is not None:
+            print("  host ms/step: " + ", ".join(f"{k} {v:.2f}" for k, v in run["host_profile_ms"].items()), flush=True)
         harness.write_json(args.output_json, result)
     return 0
 

@@ -98,6 +98,8 @@ class VjxConfig:
     """Name in the attention backend registry: "reference", "pallas_gpu" or "pallas_tpu"."""
     multiprocess: bool = False
     """`LLM` runs EngineCore in a child process (ZeroMQ) instead of in its own."""
+    profile_host: bool = False
+    """EngineCore times the host's part of every step and logs it (vjx/engine/step_profiler.py)."""
 
     def for_data_parallel_rank(self, rank: int) -> "VjxConfig":
         """This config for engine replica `rank` (its own device group)."""

@@ -55,6 +55,8 @@ class EngineArgs:
     async_scheduling: bool | None = _field(None, "Plan the next step while the device runs this one; "
                                            "on by default on accelerators (when both are installed), off on CPU.")
     disable_log_stats: bool = _field(False, "Do not log scheduler statistics every few seconds.")
+    profile_host: bool = _field(False, "Time the host's part of every engine step (schedule, dispatch, "
+                                       "collect, update) and log the means every 100 steps.")
     tensor_parallel_size: int = _field(1, "Devices each engine replica splits the model over (attention heads, "
                                        "MLP width and vocabulary); must divide the head count.")
     data_parallel_size: int = _field(1, "Engine replicas, each on its own tensor_parallel_size devices with its "
@@ -116,6 +118,7 @@ class EngineArgs:
             parallel_config=parallel_config,
             attention_backend=self.attention_backend or default_backend_name(),
             multiprocess=self._multiprocess(),
+            profile_host=self.profile_host,
         )
 
     def create_parallel_config(self) -> ParallelConfig:

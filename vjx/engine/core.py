@@ -11,6 +11,7 @@ from vjx.core.sched.output import SchedulerOutput
 from vjx.core.sched.scheduler import Scheduler
 from vjx.core.sched.stats import SchedulerStats
 from vjx.engine.messages import EngineCoreOutputs, EngineCoreRequest
+from vjx.engine.step_profiler import StepProfiler
 from vjx.executor.abstract import Executor
 from vjx.executor.uniproc import UniProcExecutor
 from vjx.outputs import AsyncModelRunnerOutput
@@ -36,6 +37,30 @@ class EngineCore:
         self.scheduler = scheduler_class(config.scheduler_config, config.cache_config, self.num_gpu_blocks)
         self.batch_queue: collections.deque[tuple[SchedulerOutput, AsyncModelRunnerOutput]] = collections.deque()
         self.step_fn = self.step_with_batch_queue if is_async else self.step
+        self.profiler = StepProfiler() if config.profile_host else None
+        if self.profiler is not None:
+            self._profile_steps(self.profiler)
+
+    def _profile_steps(self, profiler: StepProfiler) -> None:
+        """Times the scheduler's and the executor's calls (see step_profiler.py)."""
+        scheduler, executor = self.scheduler, self.model_executor
+        scheduler.schedule = profiler.timed("schedule", scheduler.schedule)
+        update = profiler.timed("update", scheduler.update_from_output)
+
+        def update_and_count(scheduler_output, model_output):
+            outputs = update(scheduler_output, model_output)
+            profiler.step_done()
+            return outputs
+
+        scheduler.update_from_output = update_and_count
+        execute = profiler.timed("execute", executor.execute_model)
+
+        def execute_and_time_collect(scheduler_output, non_block: bool = False):
+            future = execute(scheduler_output, non_block=True)
+            future = AsyncModelRunnerOutput(profiler.timed("collect", future.get_output))
+            return future if non_block else future.get_output()
+
+        executor.execute_model = execute_and_time_collect
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self.scheduler.add_request(Request.from_engine_core_request(request))
