@@ -24,7 +24,7 @@ from vjx.sampling.sampler import sample
 from vjx.sharding.constraints import replicate
 from vjx.worker.step_layout import StepLayout
 
-_COMPILATION_CACHE_DIR = pathlib.Path.home() / ".cache" / "vjx" / "jax"
+_COMPILATION_CACHE_DIR = pathlib.Path.home() / ".cache" / "vjx" / "xla"
 # Prompt logprobs need the logits of every token: computed this many tokens at a time.
 _PROMPT_LOGITS_CHUNK = 256
 
