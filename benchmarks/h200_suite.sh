@@ -75,7 +75,7 @@ step() {
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$SUMMARY"
 
-step vjx_latency 240 python3 -m benchmarks.latency "${ENGINE[@]}" --batch-size 8 1 \
+step vjx_latency 300 python3 -m benchmarks.latency "${ENGINE[@]}" --batch-size 8 1 64 --profile-host \
   --input-len 32 --output-len 128 --num-iters-warmup 2 --num-iters 8 --output-json "$WORK/vjx_latency.json"
 if [[ -f "$WORK/vjx_latency.json" ]]; then
   step roofline_batch1 30 python3 -m benchmarks.roofline --batch-size 1 --input-len 32 --output-len 128 \
