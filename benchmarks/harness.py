@@ -8,6 +8,8 @@ device, command, model), the workload's arguments, and the benchmark's own field
 import argparse
 import datetime
 import json
+import os
+import pathlib
 import platform
 import sys
 import time
@@ -26,11 +28,20 @@ def run_metadata(benchmark: str, engine: str, platform_name: str, device: str, m
         "date": datetime.date.today().isoformat(),
         "platform": platform_name,
         "device": device,
-        "host": platform.processor() or platform.machine(),
+        "host": host_description(),
         "command": " ".join([sys.executable, *sys.argv]),
         "argv": list(sys.argv),
         "model": model,
     }
+
+
+def host_description() -> str:
+    """The CPU model (from /proc/cpuinfo where there is one), core count and Python."""
+    cpuinfo = pathlib.Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    cpu = names[0] if names else platform.processor() or platform.machine()
+    return f"{cpu}, {os.cpu_count()} cores, {platform.python_implementation()} {platform.python_version()}"
 
 
 def jax_device() -> tuple[str, str]:
@@ -88,14 +99,18 @@ def startup_rows(result: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def _markdown_row(cells: list[str]) -> str:
+    return "|" + "|".join(f" {cell} " if cell else " " for cell in cells) + "|"
+
+
 def print_header(header: list[str]) -> None:
-    print("| " + " | ".join(header) + " |")
+    print(_markdown_row(header))
     print("|" + "---|" * len(header), flush=True)
 
 
 def print_row(row: list[str]) -> None:
     """Flushed at once, so a long suite shows each result as soon as it is done."""
-    print("| " + " | ".join(row) + " |", flush=True)
+    print(_markdown_row(row), flush=True)
 
 
 def print_table(header: list[str], rows: list[list[str]]) -> None:

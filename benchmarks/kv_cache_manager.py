@@ -18,15 +18,13 @@ JSON to `--output-json`.
 import argparse
 import collections
 import datetime
-import json
-import os
-import pathlib
 import platform
 import random
 import statistics
 import sys
 import time
 
+from benchmarks import harness
 from vjx.core.kv_cache_manager import KVCacheManager
 from vjx.core.request import Request
 from vjx.sampling_params import SamplingParams
@@ -136,13 +134,6 @@ def _summarize(timers: list[_Timer], num_hit_tokens: int, num_prompt_tokens: int
     }
 
 
-def _host() -> str:
-    cpuinfo = pathlib.Path("/proc/cpuinfo")
-    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
-    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
-    return f"{names[0] if names else platform.machine()}, {os.cpu_count()} CPUs"
-
-
 def run(args: argparse.Namespace) -> dict:
     results = {}
     for hash_algo in args.hash_algos:
@@ -151,7 +142,7 @@ def run(args: argparse.Namespace) -> dict:
         results[hash_algo] = _summarize([t for t, _ in runs], runs[0][1], num_prompt_tokens)
     return {
         "date": datetime.date.today().isoformat(),
-        "host": _host(),
+        "host": harness.host_description(),
         "python": platform.python_version(),
         "command": " ".join(["python -m benchmarks.kv_cache_manager"] + sys.argv[1:]),
         "config": {k: v for k, v in vars(args).items() if k != "output_json"},
@@ -162,14 +153,13 @@ def run(args: argparse.Namespace) -> dict:
 def _print_table(result: dict) -> None:
     """One row per hash function; each cell is "median / mean" microseconds per call."""
     names = list(_CALLS) + ["allocate_slots (all calls)"]
-    print("| hash | " + " | ".join(f"{name} us" for name in names) + " | prefix hit rate |")
-    print("|---|" + "---|" * (len(names) + 1))
+    rows = []
     for hash_algo, r in result["results"].items():
         cells = [f"{r['median_us'][name]:.1f} / {r['mean_us'][name]:.1f}" for name in _CALLS]
         cells.append(f"{r['allocate_slots_median_us']:.1f} / {r['allocate_slots_mean_us']:.1f}")
         cells.append(f"{r['prefix_hit_rate']:.1%}")
-        print(f"| {hash_algo} | " + " | ".join(cells) + " |")
-
+        rows.append([hash_algo, *cells])
+    harness.print_table(["hash", *(f"{name} us" for name in names), "prefix hit rate"], rows)
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
@@ -190,9 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     result = run(args)
     _print_table(result)
-    if args.output_json:
-        with open(args.output_json, "w") as f:
-            json.dump(result, f, indent=2)
+    harness.write_json(args.output_json, result)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import time
 
 import numpy as np
 
+from benchmarks import harness
 from vjx import LLM, EngineArgs, SamplingParams
 
 TOP_K = 5
@@ -205,10 +206,7 @@ def print_table(result: dict) -> None:
         rows.append((f"output tok/s, {name}", [f"{run['throughput']['output_tok_per_s']:.0f}" for run in runs]))
         rows.append(("total tok/s", [f"{run['throughput']['total_tok_per_s']:.0f}" for run in runs]))
     rows.append(("greedy = first size", ["reference"] + [_greedy_cell(run) for run in runs[1:]]))
-    print("| | " + " | ".join(columns) + " |")
-    print("|---" * (len(columns) + 1) + "|")
-    for name, cells in rows:
-        print(f"| {name} | " + " | ".join(cells) + " |")
+    harness.print_table(["", *columns], [[name, *cells] for name, cells in rows])
 
 
 def _greedy_cell(run: dict) -> str:
@@ -253,9 +251,7 @@ def main(argv: list[str] | None = None) -> dict:
         runs = [_run_in_child(argv, size) for size in args.tp_sizes]
     result = summarize(runs, argv)
     print_table(result)
-    if args.output_json:
-        with open(args.output_json, "w") as f:
-            json.dump(result, f, indent=2)
+    harness.write_json(args.output_json, result)
     return result
 
 

@@ -12,7 +12,6 @@ step is the same in each, so the difference of the medians is the process hop.
 import argparse
 import asyncio
 import datetime
-import json
 import platform
 import statistics
 import sys
@@ -20,6 +19,7 @@ import time
 
 import jax
 
+from benchmarks import harness
 from vjx import AsyncLLM, EngineArgs, SamplingParams
 from vjx.engine.llm_engine import LLMEngine
 
@@ -94,16 +94,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output-json", default=None)
     args = parser.parse_args(argv)
     result = run(args.num_requests, args.num_warmup)
-    print(f"| {result['device']} | median ms | p90 ms | min ms | added median ms |")
-    print("|---|---|---|---|---|")
+    rows = []
     for name in ("in_process", "multiprocess", "async_llm"):
         row = result[name]
         added = result["added_median_ms"].get(name, 0.0)
-        print(f"| {name} | {row['median_ms']:.3f} | {row['p90_ms']:.3f} | {row['min_ms']:.3f} | {added:+.3f} |")
-    if args.output_json:
-        with open(args.output_json, "w") as f:
-            json.dump(result, f, indent=2)
-
+        rows.append([name, f"{row['median_ms']:.3f}", f"{row['p90_ms']:.3f}", f"{row['min_ms']:.3f}", f"{added:+.3f}"])
+    harness.print_table([result["device"], "median ms", "p90 ms", "min ms", "added median ms"], rows)
+    harness.write_json(args.output_json, result)
 
 if __name__ == "__main__":
     main()

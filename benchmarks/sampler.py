@@ -20,9 +20,6 @@ writes JSON to `--output-json`.
 import argparse
 import dataclasses
 import datetime
-import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -31,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import harness
 from vjx.sampling.logprobs import compute_logprobs
 from vjx.sampling.metadata import SamplingMetadata
 from vjx.sampling.sampler import sample
@@ -104,16 +102,6 @@ def _time(fn, logits: jax.Array, other: tuple, repeats: int) -> dict:
             "times_ms": times_ms}
 
 
-def _host() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, {platform.python_implementation()} {platform.python_version()}"
-
-
 def run(args: argparse.Namespace) -> dict:
     logits = jax.device_put(
         (np.random.default_rng(args.seed).normal(size=(args.num_rows, args.vocab_size)) * 4).astype(np.float32)
@@ -132,7 +120,7 @@ def run(args: argparse.Namespace) -> dict:
     )
     return {
         "date": datetime.date.today().isoformat(),
-        "host": _host(),
+        "host": harness.host_description(),
         "device": f"{jax.devices()[0].platform}: {jax.devices()[0].device_kind}",
         "jax": jax.__version__,
         "command": " ".join(["python -m benchmarks.sampler"] + sys.argv[1:]),
@@ -151,15 +139,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output-json", default=None)
     args = parser.parse_args(argv)
     result = run(args)
-    print(f"| case ({result['num_rows']} rows x {result['vocab_size']} vocab, {result['device']}) "
-          "| median ms | min ms | compile s |")
-    print("|---|---|---|---|")
-    for name, r in result["results"].items():
-        print(f"| {name} | {r['median_ms']:.2f} | {r['min_ms']:.2f} | {r['compile_s']:.1f} |")
-    if args.output_json:
-        with open(args.output_json, "w") as f:
-            json.dump(result, f, indent=2)
-
+    harness.print_table(
+        [f"case ({result['num_rows']} rows x {result['vocab_size']} vocab, {result['device']})", "median ms",
+         "min ms", "compile s"],
+        [[name, f"{r['median_ms']:.2f}", f"{r['min_ms']:.2f}", f"{r['compile_s']:.1f}"]
+         for name, r in result["results"].items()],
+    )
+    harness.write_json(args.output_json, result)
 
 if __name__ == "__main__":
     main()

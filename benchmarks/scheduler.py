@@ -10,15 +10,13 @@ Prints one table and writes JSON to `--output-json`.
 
 import argparse
 import datetime
-import json
-import os
-import platform
 import statistics
 import sys
 import time
 
 import numpy as np
 
+from benchmarks import harness
 from vjx.config import CacheConfig, SchedulerConfig
 from vjx.core.request import Request
 from vjx.core.sched.async_scheduler import AsyncScheduler
@@ -114,17 +112,6 @@ def _time_allocate_slots(scheduler: Scheduler, num_rounds: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def _host() -> str:
-    """The CPU model (from /proc/cpuinfo where there is one), core count and Python."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, {platform.python_implementation()} {platform.python_version()}"
-
-
 def run(args: argparse.Namespace) -> dict:
     results = {}
     for name, is_async in (("sync", False), ("async", True)):
@@ -144,7 +131,7 @@ def run(args: argparse.Namespace) -> dict:
         }
     return {
         "date": datetime.date.today().isoformat(),
-        "host": _host(),
+        "host": harness.host_description(),
         "command": " ".join(["python -m benchmarks.scheduler"] + sys.argv[1:]),
         **{k: v for k, v in vars(args).items() if k != "output_json"},
         "results": results,
@@ -164,15 +151,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output-json", default=None)
     args = parser.parse_args(argv)
     result = run(args)
-    print(f"| scheduler ({result['num_requests']} running, {result['num_steps']} steps) | median ms | p90 ms "
-          "| p99 ms | of which allocate_slots, ms |")
-    print("|---|---|---|---|---|")
-    for name, r in result["results"].items():
-        print(f"| {name} | {r['median_ms']:.3f} | {r['p90_ms']:.3f} | {r['p99_ms']:.3f} | {r['allocate_slots_ms']:.3f} |")
-    if args.output_json:
-        with open(args.output_json, "w") as f:
-            json.dump(result, f, indent=2)
-
+    harness.print_table(
+        [f"scheduler ({result['num_requests']} running, {result['num_steps']} steps)", "median ms", "p90 ms",
+         "p99 ms", "of which allocate_slots, ms"],
+        [[name, f"{r['median_ms']:.3f}", f"{r['p90_ms']:.3f}", f"{r['p99_ms']:.3f}", f"{r['allocate_slots_ms']:.3f}"]
+         for name, r in result["results"].items()],
+    )
+    harness.write_json(args.output_json, result)
 
 if __name__ == "__main__":
     main()

@@ -57,7 +57,9 @@ class InputBatch:
         self.num_prompt_logprobs = np.full(max_num_reqs, -1, np.int32)
         self.min_tokens = np.zeros(max_num_reqs, np.int32)
         self.has_logit_bias = np.zeros(max_num_reqs, bool)
-        self.has_bad_words = np.zeros(max_num_reqs, bool)
+        self.uses_general_step = np.zeros(max_num_reqs, bool)
+        """The request filters, processes its logits or wants logprobs: its steps need the
+        GENERAL step variant (min_tokens and prompt logprobs are decided per step)."""
         self.min_tokens_stop_ids = np.full((max_num_reqs, MAX_MIN_TOKENS_STOP_IDS), -1, np.int32)
         self.block_table = BlockTable(max_num_reqs, max_num_blocks_per_req)
 
@@ -89,7 +91,7 @@ class InputBatch:
         self.num_prompt_logprobs[row] = params.prompt_logprobs if wants_prompt_logprobs else -1
         self._set_min_tokens(row, state)
         self.has_logit_bias[row] = bool(params.logit_bias or params.allowed_token_ids)
-        self.has_bad_words[row] = bool(params.bad_words_token_ids)
+        self.uses_general_step[row] = _uses_general_step(params)
         self.block_table.add_row(state.block_ids, row)
         return row
 
@@ -114,3 +116,11 @@ class InputBatch:
     def append_token(self, row: int, token_id: int) -> None:
         self.token_ids_cpu[row, self.num_tokens[row]] = token_id
         self.num_tokens[row] += 1
+
+
+def _uses_general_step(params: SamplingParams) -> bool:
+    uses_filter = params.top_k > 0 or params.top_p < 1.0 or params.min_p > 0.0
+    uses_penalty = (params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
+                    or params.repetition_penalty != 1.0)
+    uses_table = bool(params.logit_bias or params.allowed_token_ids or params.bad_words_token_ids)
+    return uses_filter or uses_penalty or uses_table or params.logprobs is not None

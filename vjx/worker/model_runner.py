@@ -122,14 +122,8 @@ class ModelRunner:
 
     def _features(self, layout: StepLayout, packed: np.ndarray, rows: np.ndarray, record: StepRecord) -> StepFeatures:
         """PLAIN when no row of the step filters, processes its logits or wants logprobs."""
-        batch = self.input_batch
-        uses_filter = (batch.top_k[rows] > 0) | (batch.top_p[rows] < 1.0) | (batch.min_p[rows] > 0.0)
-        uses_processor = (
-            (batch.presence_penalty[rows] != 0.0) | (batch.frequency_penalty[rows] != 0.0)
-            | (batch.repetition_penalty[rows] != 1.0) | batch.has_logit_bias[rows] | batch.has_bad_words[rows]
-            | (layout.view(packed, "is_below_min_tokens")[: len(rows)] != 0)
-        )
-        if uses_filter.any() or uses_processor.any() or (batch.num_logprobs[rows] >= 0).any():
+        is_below_min_tokens = layout.view(packed, "is_below_min_tokens")[: len(rows)]
+        if self.input_batch.uses_general_step[rows].any() or is_below_min_tokens.any():
             return GENERAL
         return GENERAL if record.has_prompt_target.any() else PLAIN
 
