@@ -27,7 +27,7 @@ until python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.
 done
 echo "server ready after $(( $(date +%s) - start )) s"
 python3 -m benchmarks.serve --base-url "http://127.0.0.1:$PORT" --request-rate 1 4 16 inf \
-    --num-prompts "$NUM_PROMPTS" --input-len 128 --output-len 128 --vocab-size 128000 \
+    --num-prompts "$NUM_PROMPTS" --input-len 128 --output-len 128 --vocab-size 49152 \
     --platform gpu --device "NVIDIA H200" --output-json "$OUT/serve.json" | tee "$OUT/serve.txt"
 kill -TERM "$server"
 wait "$server"
