@@ -1,7 +1,7 @@
 """The default model's greedy tokens with the Pallas GPU backend (interpret mode on CPU) equal
 the reference backend's.
 
-Interpret mode compiles each layer's three kernel launches into the step (about 20 s per
+Interpret mode compiles each layer's two kernel launches into the step (about 20 s per
 token bucket on CI's 2 cores), so both engines use one bucket, a 16-token budget: the four
 prompts then run as chunked prefills mixed with decodes, the kernel's hardest case. About
 30 s in all with a cold compilation cache.

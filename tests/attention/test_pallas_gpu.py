@@ -62,10 +62,12 @@ def test_matches_reference_backend_and_writes_the_cache():
     np.testing.assert_array_equal(ours_as_reference[:, 1:], np.asarray(ref_cache)[:, 1:])
 
 
-def test_kv_write_updates_the_donated_cache_in_place():
-    """The optimized HLO of the donated write copies no cache-sized buffer."""
-    cache = jax.ShapeDtypeStruct((2, 4, 64, 16, 64), jnp.float32)
-    rows = jax.ShapeDtypeStruct((32, 4, 64), jnp.float32)
+@pytest.mark.parametrize("num_kv_heads, dtype", [(4, jnp.float32), (1, jnp.float32), (1, jnp.bfloat16)])
+def test_kv_write_updates_the_donated_cache_in_place(num_kv_heads, dtype):
+    """The optimized HLO of the donated write copies no cache-sized buffer (one kv head, as a
+    device holds at high TP, included)."""
+    cache = jax.ShapeDtypeStruct((2, num_kv_heads, 64, 16, 64), dtype)
+    rows = jax.ShapeDtypeStruct((32, num_kv_heads, 64), dtype)
     slots = jax.ShapeDtypeStruct((32,), jnp.int32)
     compiled = jax.jit(write_kv_cache, donate_argnums=0).lower(cache, rows, rows, slots).compile()
     hlo = compiled.as_text()

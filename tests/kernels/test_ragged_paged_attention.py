@@ -1,8 +1,9 @@
 """The Pallas ragged paged attention kernel in interpret mode against a float64 oracle.
 
 Every scenario of a variant has the same padded shapes, so one compiled call serves them all.
-Small tiles and a small split target make short rows walk several tiles and split their keys
-(some segments empty), as long rows do on a GPU with the default knobs.
+Small tiles and a small split target make short rows walk several tiles and split their keys,
+as long rows do on a GPU with the default knobs. Outputs start as NaN in interpret mode, so
+a token that no launch writes (a padding token included) fails the comparison.
 """
 
 import dataclasses
@@ -30,7 +31,9 @@ TUNING = AttentionTuning(
 # Each request is (cached tokens, new tokens); missing rows are padding rows.
 SCENARIOS = {
     "decode_only": [(5, 1), (130, 1), (16, 1), (200, 1), (63, 1), (0, 1)],
-    "two_long_decodes": [(240, 1), (3, 1)],  # 4 splits each; most of the short row's are empty
+    "two_long_decodes": [(240, 1), (3, 1)],  # 4 segments and 1 (written by the decode launch)
+    # Split and unsplit decode rows with prefill rows: merges and prefill blocks in one launch.
+    "mixed_split_decodes": [(230, 1), (3, 1), (90, 25), (0, 2)],
     "prefill_only": [(0, 100), (0, 17)],
     "mixed_chunked_prefill": [(40, 1), (100, 60), (0, 30), (190, 1), (7, 9)],
     "padding_rows": [(3, 4), (0, 9)],
@@ -76,7 +79,7 @@ def test_matches_dense_attention(variant, scenario):
     assert np.all(out[num_real:] == 0.0), "padding tokens must get 0"
 
 
-@pytest.mark.parametrize("scenario", ["two_long_decodes", "mixed_chunked_prefill"])
+@pytest.mark.parametrize("scenario", ["two_long_decodes", "mixed_chunked_prefill", "mixed_split_decodes"])
 def test_sliding_window_and_soft_cap(scenario):
     batch = make_batch(SCENARIOS[scenario], _shape(4, 64, 16), seed=1)
     batch = dataclasses.replace(batch, q=batch.q * 4.0)  # logits large enough for the cap to bite
@@ -148,6 +151,8 @@ def test_bad_attention_tuning_raises():
         AttentionTuning(decode_programs=0)
     with pytest.raises(ValueError, match="max_kv_splits"):
         AttentionTuning(max_kv_splits=0)
+    with pytest.raises(ValueError, match="min_tiles_per_split"):
+        AttentionTuning(min_tiles_per_split=0)
 
 
 def test_default_tuning_by_head_dim_and_dtype():

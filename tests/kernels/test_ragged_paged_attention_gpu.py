@@ -2,7 +2,8 @@
 
 The same ragged, NaN-poisoned batches and float64 oracle as the interpret-mode tests, with
 the shipped knobs and rows of thousands of keys (so decode rows split, prefill rows span many
-query blocks, and unmasked and masked tiles both run).
+query blocks, and unmasked and masked tiles both run), and decode steps in the runner's
+buckets (256 rows, 16 tokens).
 """
 
 import functools
@@ -62,3 +63,20 @@ def test_long_decode_splits():
     shape = BatchShape(16, 4, 32, 8, 128, 16, 32768)
     batch = make_batch([(32767, 1), (20000, 1), (31000, 1), (5, 1)], shape, jnp.bfloat16)
     _check(batch, Scoring(128**-0.5), 2e-2)
+
+
+@pytest.mark.parametrize(
+    ("requests", "shape"),
+    [
+        # Batch 8 in the 16-token bucket of 256 rows: unsplit rows written by the decode launch.
+        ([(120, 1)] * 8, BatchShape(16, 256, 32, 8, 128, 16, 256)),
+        # One row split 16 ways beside short decodes and a prefill chunk, in one step.
+        ([(2047, 1), (5, 1), (200, 1), (300, 20)], BatchShape(32, 16, 32, 8, 128, 16, 2048)),
+        # Batch 64 at 2k keys in the 64-token bucket: one segment per row.
+        ([(2047, 1)] * 64, BatchShape(64, 64, 32, 8, 128, 16, 2048)),
+    ],
+    ids=["b8_short_r256", "split_mixed", "b64_2k"],
+)
+def test_decode_step_buckets(requests, shape):
+    _check(make_batch(requests, shape, jnp.bfloat16), Scoring(128**-0.5), 2e-2)
+

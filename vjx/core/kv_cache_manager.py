@@ -63,9 +63,16 @@ class KVCacheManager:
         self.hash_fn = get_hash_fn_by_name(hash_algo)
         self.coordinator = get_kv_cache_coordinator(kv_cache_groups, num_gpu_blocks, enable_caching)
         self.block_pool: BlockPool = self.coordinator.block_pool
-        self._is_full_attention_only = all(
+        is_full_attention_only = all(
             type(group.kv_cache_spec) is FullAttentionSpec for group in kv_cache_groups
         )
+        self._full_attention_manager = (
+            self.coordinator.single_type_managers[0] if is_full_attention_only else None
+        )
+        """Group 0's manager when every group is full attention (the decode fast path's)."""
+        self.empty_kv_cache_blocks = KVCacheBlocks(self.coordinator.empty_blocks())
+        """No blocks in any group: one shared instance (callers never mutate it), since most
+        decode steps allocate nothing for most requests."""
 
     @property
     def usage(self) -> float:
@@ -130,7 +137,7 @@ class KVCacheManager:
         request_id = request.request_id
         coordinator = self.coordinator
         if new_computed_blocks is None and self._holds_slots_for(request, num_new_tokens):
-            return KVCacheBlocks(coordinator.empty_blocks())
+            return self.empty_kv_cache_blocks
         if new_computed_blocks is None:
             hit_blocks = coordinator.empty_blocks()
         else:
@@ -166,14 +173,15 @@ class KVCacheManager:
 
         Then there is nothing to allocate, free or cache, and the general path is skipped.
         """
-        blocks = self.req_to_blocks.get(request.request_id) if self._is_full_attention_only else None
+        manager = self._full_attention_manager
+        blocks = None if manager is None else manager.req_to_blocks.get(request.request_id)
         if blocks is None:
             return False
         end = min(request.num_computed_tokens + num_new_tokens, self.max_model_len)
         if end > len(blocks) * self.block_size:
             return False
         num_full_blocks = min(end, request.num_tokens) // self.block_size
-        return not self.enable_caching or num_full_blocks <= self.num_cached_block[request.request_id]
+        return not self.enable_caching or num_full_blocks <= manager.num_cached_block[request.request_id]
 
     def _update_block_hashes(self, request: Request) -> None:
         request.block_hashes.extend(

@@ -28,10 +28,14 @@ class EngineCore:
     def __init__(self, config: VjxConfig, executor_class: type[Executor] = UniProcExecutor):
         self.config = config
         self.model_executor = executor_class(config)
+        start = time.perf_counter()
         self.num_gpu_blocks = self.model_executor.determine_num_available_blocks()
+        # On devices with memory statistics, sizing loads or compiles the largest step.
+        self.kv_sizing_time = time.perf_counter() - start
         start = time.perf_counter()
         self.model_executor.initialize(self.num_gpu_blocks)
         self.warmup_time = time.perf_counter() - start
+        logger.info("start-up: KV sizing %.2f s, warm-up (compile) %.2f s", self.kv_sizing_time, self.warmup_time)
         is_async = config.scheduler_config.async_scheduling
         scheduler_class = AsyncScheduler if is_async else Scheduler
         self.scheduler = scheduler_class(config.scheduler_config, config.cache_config, self.num_gpu_blocks)

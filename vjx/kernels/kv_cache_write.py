@@ -2,9 +2,10 @@
 
 Legend: T tokens, K kv heads, H head dim, P pages, S page size.
 
-The write is one XLA scatter on the `[2, K, P, S, H]` cache seen as `[2, K, P * S, H]`.
-Under `jit` with the cache donated, XLA updates it in place (no copy of the cache: the test
-compiles the write and checks the optimized HLO). Padding tokens carry slots inside block 0,
+The write is one XLA scatter into the `[2, K, P, S, H]` cache at (page, offset) pairs. Under
+`jit` with the cache donated, XLA updates it in place (no copy of the cache: the test
+compiles the write and checks the optimized HLO). Scattering through a `[2, K, P * S, H]`
+reshape instead made XLA copy the whole cache when K is 1 (one kv head per device). Padding tokens carry slots inside block 0,
 the scratch block no request owns, so they need no mask; they may collide there, and the
 scratch contents are unspecified.
 """
@@ -19,9 +20,7 @@ def write_kv_cache(
     v: Float[Array, "T K H"],
     slot_mapping: Int[Array, "T"],
 ) -> Float[Array, "2 K P S H"]:
-    """Scatters token t's k/v rows to flat slot `slot_mapping[t]` (block * S + offset)."""
-    _, num_kv_heads, num_pages, page_size, head_dim = kv_cache.shape
-    flat = kv_cache.reshape(2, num_kv_heads, num_pages * page_size, head_dim)
+    """Scatters token t's k/v rows to slot `slot_mapping[t]` (block * S + offset)."""
+    page_size = kv_cache.shape[3]
     updates = jnp.stack([k, v]).swapaxes(1, 2).astype(kv_cache.dtype)  # [2, K, T, H]
-    flat = flat.at[:, :, slot_mapping].set(updates)
-    return flat.reshape(kv_cache.shape)
+    return kv_cache.at[:, :, slot_mapping // page_size, slot_mapping % page_size].set(updates)

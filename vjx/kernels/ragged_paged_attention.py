@@ -7,20 +7,31 @@ L keys of one tile, C decode programs per kv head.
 The cache of one layer is `[2, K, P, S, H]` (index 0 keys, 1 values): one kv head's page is
 S * H contiguous elements, so a program that walks one kv head reads whole rows of H.
 
-One call runs three launches:
-1. decode: rows with one query token. Program (c, k) takes row c // splits and the key
-   segment c % splits of it; `splits` is computed on the device from `num_seqs`, so few long
-   rows still fill the GPU without a recompile. It writes float32 partials (acc, max, sum).
-2. merge: one program per (row, kv head) folds its segments' partials in log-sum-exp form
-   and writes the row's output.
-3. prefill: every row with more than one query token, cut into blocks of M // G tokens.
-   Program (b, k) finds its row by a binary search of `query_start_loc` (block b of the
-   step belongs to row r when query_start_loc[r] // block_q + r <= b).
+One call runs two launches, and no other device work:
+1. decode: rows with one query token. A row's keys are cut into `splits` segments, chosen on
+   the device per row: at most `max_splits = clip(decode_programs // num_seqs, 1,
+   max_kv_splits)` (so few long rows still fill the GPU without a recompile), and few enough
+   that each segment holds `min_tiles_per_split` key tiles (a short row is not cut at all).
+   Program (c, k) takes segment c // num_seqs of row c % num_seqs (segments outer, so the
+   programs with work come first). A row of one segment writes its output directly; the
+   segments of a split row write float32 partials (acc, max, sum) at slot c.
+2. merge + prefill: one grid whose first programs run query blocks of rows with more than
+   one query token, last blocks first (most keys first), and whose last programs fold the
+   split rows' partials in log-sum-exp form (the decode launch has finished, so the
+   partials are complete). Rows that were not split have nothing to merge and exit at once.
+   A block finds its row from a vector load of `query_start_loc` and a prefix sum of the
+   rows' block counts; the padding tokens past `query_start_loc[num_seqs]` form one more row
+   whose blocks write zeros, so every output element is written exactly once and a call
+   needs no zero fill. A merge loads all of a row's partials in one tile per chunk of query
+   heads and folds them with reductions (no loop over the segments).
 Every program packs the G query heads of its kv head into the M rows of its matmuls, so each
 K/V tile is read once per kv head. Attention is causal, aligned to the end of each row; keys
 are walked in tiles of L through the block table (a gather of each key's page), tiles past
 the causal frontier or before the sliding window are skipped, and tiles wholly inside it run
 without masks. The softmax is online, in float32, in base 2 (log2(e) folded into the scale).
+
+Every real row has at least one query token (the runner schedules no empty row), so
+num_seqs <= T: grids are sized from min(R, T), not R.
 """
 
 import dataclasses
@@ -38,6 +49,8 @@ from vjx.kernels.tuning import AttentionTuning, KernelTuning, default_tuning
 # Finite, so a fully masked row gives exp2(0) * 0 instead of inf - inf = NaN.
 _MASK_VALUE = -1e30
 _LOG2E = math.log2(math.e)
+# Elements of one merge tile [splits, heads, H] (a few registers a thread).
+_MERGE_TILE = 8192
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,35 +210,66 @@ def _full_mask(row_mask: Array, head_dim: int) -> Array:
     return jnp.broadcast_to(row_mask[:, None], (row_mask.shape[0], head_dim))
 
 
-def _decode_segment(seq_len: Array, split: Array, num_splits: Array, walk_args: dict) -> tuple:
+@dataclasses.dataclass(frozen=True)
+class _Splits:
+    """The split-KV policy of the decode rows (static knobs, evaluated on the device)."""
+
+    decode_programs: int
+    max_kv_splits: int
+    min_tiles_per_split: int
+    block_k: int  # L of the decode launch
+    sliding_window: int | None
+
+    def max_splits(self, num_seqs: Array) -> Array:
+        """Segments per row at most: several for a few rows, one for many."""
+        per_row = _div(jnp.int32(self.decode_programs), jnp.maximum(num_seqs, 1))
+        return jnp.minimum(jnp.maximum(per_row, 1), self.max_kv_splits)
+
+    def first_key(self, seq_len: Array) -> Array:
+        """The first key a decode row reads: 0, or the first of the window's first tile."""
+        if self.sliding_window is None:
+            return jnp.int32(0)
+        return _div(jnp.maximum(seq_len - self.sliding_window, 0), self.block_k) * self.block_k
+
+    def row_splits(self, seq_len: Array, max_splits: Array) -> Array:
+        """Segments of one decode row: at most `max_splits`, of `min_tiles_per_split` tiles or
+        more each, and at least one."""
+        num_tiles = _cdiv(seq_len - self.first_key(seq_len), self.block_k)
+        return jnp.minimum(jnp.maximum(_cdiv(num_tiles, self.min_tiles_per_split), 1), max_splits)
+
+
+def _decode_segment(
+    seq_len: Array, split: Array, num_splits: Array, splits: _Splits, walk_args: dict
+) -> tuple:
     """The [start, end) keys of segment `split` of a decode row and the walk over them."""
-    g, scoring = walk_args["geometry"], walk_args["scoring"]
-    first = jnp.int32(0)
-    if scoring.sliding_window is not None:
-        first = _div(jnp.maximum(seq_len - scoring.sliding_window, 0), g.block_k) * g.block_k
-    span = seq_len - first
-    per_split = _cdiv(_cdiv(span, num_splits), g.block_k) * g.block_k
+    g = walk_args["geometry"]
+    first = splits.first_key(seq_len)
+    per_split = _cdiv(_cdiv(seq_len - first, num_splits), g.block_k) * g.block_k
     start = first + split * per_split
     end = jnp.minimum(start + per_split, seq_len)
     positions = jnp.full((g.block_m,), seq_len - 1, jnp.int32)
     walk = _Walk(positions=positions, kv_end=end, **walk_args)
     num_full = _div(jnp.maximum(end - start, 0), g.block_k)
-    if scoring.sliding_window is not None:
+    if splits.sliding_window is not None:
         num_full = jnp.int32(0)  # the window's first tile needs the mask
     return walk, _div(start, g.block_k), num_full, _cdiv(end, g.block_k)
 
 
 def _decode_kernel(
-    query_start_loc_ref, seq_lens_ref, block_tables_ref, num_seqs_ref, num_splits_ref,
-    q_ref, kv_ref, acc_ref, m_ref, l_ref, *, geometry: _Geometry, scoring: Scoring,
+    query_start_loc_ref, seq_lens_ref, block_tables_ref, num_seqs_ref, q_ref, kv_ref,
+    acc_ref, m_ref, l_ref, out_ref, *, geometry: _Geometry, scoring: Scoring, splits: _Splits,
 ):
-    """Program (c, k): segment c % splits of row c // splits, kv head k -> partials at c."""
+    """Program (c, k): segment c // num_seqs of row c % num_seqs, kv head k -> the row's output
+    when it has one segment, else the segment's partials at slot c."""
     program, kv_head = pl.program_id(0), pl.program_id(1)
-    num_splits = num_splits_ref[0]
-    row = jnp.minimum(_div(program, num_splits), seq_lens_ref.shape[0] - 1)
+    num_seqs = num_seqs_ref[0]
+    num_rows = jnp.maximum(num_seqs, 1)
+    split = _div(program, num_rows)
+    row = jnp.minimum(_rem(program, num_rows), seq_lens_ref.shape[0] - 1)
     q_start = query_start_loc_ref[row]
     seq_len = seq_lens_ref[row]
-    is_active = (_div(program, num_splits) < num_seqs_ref[0]) & (seq_len > 0)
+    num_splits = splits.row_splits(seq_len, splits.max_splits(num_seqs))
+    is_active = (row < num_seqs) & (split < num_splits)
     is_active &= query_start_loc_ref[row + 1] - q_start == 1
 
     @pl.when(is_active)
@@ -240,103 +284,176 @@ def _decode_kernel(
             kv_ref=kv_ref, block_tables_ref=block_tables_ref, row=row, kv_head=kv_head,
             q=q, geometry=geometry, scoring=scoring,
         )
-        walk, first, num_full, end = _decode_segment(
-            seq_len, _rem(program, num_splits), num_splits, walk_args
-        )
+        walk, first, num_full, end = _decode_segment(seq_len, split, num_splits, splits, walk_args)
         m, l, acc = _walk_tiles(walk, first, num_full, end)
-        plgpu.store(acc_ref.at[program, kv_head, g_vec[:, None], dims], acc, mask=q_mask)
-        plgpu.store(m_ref.at[program, kv_head, g_vec], m, mask=is_head)
-        plgpu.store(l_ref.at[program, kv_head, g_vec], l, mask=is_head)
+
+        @pl.when(num_splits == 1)
+        def _():
+            out = _normalize(l, acc).astype(out_ref.dtype)
+            plgpu.store(out_ref.at[q_index], out, mask=q_mask)
+
+        @pl.when(num_splits > 1)
+        def _():
+            plgpu.store(acc_ref.at[program, kv_head, g_vec[:, None], dims], acc, mask=q_mask)
+            plgpu.store(m_ref.at[program, kv_head, g_vec], m, mask=is_head)
+            plgpu.store(l_ref.at[program, kv_head, g_vec], l, mask=is_head)
 
 
-def _merge_kernel(
-    query_start_loc_ref, seq_lens_ref, num_seqs_ref, num_splits_ref, acc_ref, m_ref, l_ref,
-    _out_in_ref, out_ref, *, geometry: _Geometry,
-):
-    """Program (r, k): folds decode row r's segment partials and writes its output."""
-    row, kv_head = pl.program_id(0), pl.program_id(1)
-    num_splits = num_splits_ref[0]
-    q_start = query_start_loc_ref[row]
-    is_active = (row < num_seqs_ref[0]) & (seq_lens_ref[row] > 0)
-    is_active &= query_start_loc_ref[row + 1] - q_start == 1
+@dataclasses.dataclass(frozen=True)
+class _Refs:
+    """The refs of the merge + prefill launch."""
+
+    query_start_loc: object  # [R + 1]
+    seq_lens: object  # [R]
+    block_tables: object  # [R, W]
+    num_seqs: object  # [1]
+    q: object  # [T, N, H]
+    kv: object  # [2, K, P, S, H]
+    acc: object  # [C, K, G, H] float32 partials of the decode launch
+    m: object  # [C, K, G]
+    l: object  # [C, K, G]
+    out: object  # [T, N, H]
+
+
+def _merge_row(row: Array, kv_head: Array, refs: _Refs, geometry: _Geometry, splits: _Splits):
+    """Folds the segment partials of split decode row `row` in log-sum-exp form and writes its
+    output; any other row (one segment, several query tokens, padding) exits at once."""
+    num_seqs = refs.num_seqs[0]
+    q_start = refs.query_start_loc[row]
+    num_splits = splits.row_splits(refs.seq_lens[row], splits.max_splits(num_seqs))
+    is_active = (row < num_seqs) & (num_splits > 1)
+    is_active &= refs.query_start_loc[row + 1] - q_start == 1
 
     @pl.when(is_active)
     def _():
-        g_vec, is_head = _head_rows(geometry, pl.next_power_of_2(geometry.group))
-        dims = jnp.arange(geometry.head_dim, dtype=jnp.int32)[None, :]
-        mask = _full_mask(is_head, geometry.head_dim)
-
-        def fold(split, carry):
-            m, l, acc = carry
-            program = row * num_splits + split
-            m_s = plgpu.load(m_ref.at[program, kv_head, g_vec], mask=is_head, other=_MASK_VALUE)
-            l_s = plgpu.load(l_ref.at[program, kv_head, g_vec], mask=is_head, other=0.0)
-            index = (program, kv_head, g_vec[:, None], dims)
-            acc_s = plgpu.load(acc_ref.at[index], mask=mask, other=0.0)
-            m_new = jnp.maximum(m, m_s)
-            alpha, beta = jnp.exp2(m - m_new), jnp.exp2(m_s - m_new)
-            return m_new, l * alpha + l_s * beta, acc * alpha[:, None] + acc_s * beta[:, None]
-
-        init = (
-            jnp.full(g_vec.shape, _MASK_VALUE, jnp.float32),
-            jnp.zeros(g_vec.shape, jnp.float32),
-            jnp.zeros((g_vec.shape[0], geometry.head_dim), jnp.float32),
-        )
-        _, l, acc = jax.lax.fori_loop(0, num_splits, fold, init)
-        heads = kv_head * geometry.group + g_vec
-        out = _normalize(l, acc).astype(out_ref.dtype)
-        plgpu.store(out_ref.at[q_start, heads[:, None], dims], out, mask=mask)
+        split_vec = jnp.arange(pl.next_power_of_2(splits.max_kv_splits), dtype=jnp.int32)
+        segments = (split_vec * num_seqs + row, split_vec < num_splits)
+        # Every load of a chunk in flight together; chunks of heads bound its registers.
+        num_heads = pl.next_power_of_2(geometry.group)
+        chunk = max(1, min(num_heads, _MERGE_TILE // (split_vec.shape[0] * geometry.head_dim)))
+        for first_head in range(0, geometry.group, chunk):
+            heads = first_head + jnp.arange(chunk, dtype=jnp.int32)
+            _merge_heads(heads, segments, q_start, kv_head, refs, geometry)
 
 
-def _find_row(query_start_loc_ref, num_seqs: Array, block: Array, block_q: int) -> Array:
-    """The last row r < num_seqs with query_start_loc[r] // block_q + r <= block."""
-    lo, hi = jnp.int32(0), jnp.maximum(num_seqs - 1, 0)
-    num_rows = query_start_loc_ref.shape[0] - 1
-    for _ in range(num_rows.bit_length()):
-        mid = _div(lo + hi + 1, 2)
-        is_before = _div(query_start_loc_ref[mid], block_q) + mid <= block
-        lo, hi = jnp.where(is_before, mid, lo), jnp.where(is_before, hi, mid - 1)
-    return lo
+def _merge_heads(
+    heads: Array, segments: tuple, q_start: Array, kv_head: Array, refs: _Refs, g: _Geometry
+):
+    """Folds query heads `heads` (of kv head `kv_head`) over the segments (slots, is_split)."""
+    slots, is_split = segments
+    is_head = heads < g.group
+    mask = is_split[:, None] & is_head[None, :]  # [splits, heads]
+    m = plgpu.load(refs.m.at[slots[:, None], kv_head, heads[None, :]], mask=mask, other=_MASK_VALUE)
+    l = plgpu.load(refs.l.at[slots[:, None], kv_head, heads[None, :]], mask=mask, other=0.0)
+    weights = jnp.exp2(m - jnp.max(m, axis=0)[None, :])
+    dims = jnp.arange(g.head_dim, dtype=jnp.int32)
+    index = (slots[:, None, None], kv_head, heads[None, :, None], dims[None, None, :])
+    acc = plgpu.load(refs.acc.at[index], mask=mask[:, :, None], other=0.0)
+    acc = jnp.sum(acc * weights[:, :, None], axis=0)
+    out = _normalize(jnp.sum(l * weights, axis=0), acc).astype(refs.out.dtype)
+    index = (q_start, kv_head * g.group + heads[:, None], dims[None, :])
+    plgpu.store(refs.out.at[index], out, mask=_full_mask(is_head, g.head_dim))
 
 
-def _prefill_kernel(
+@dataclasses.dataclass(frozen=True)
+class _QueryBlock:
+    """Query tokens [first_token, first_token + block_q) of a row whose tokens are [start, end)."""
+
+    row: Array
+    start: Array
+    end: Array
+    first_token: Array
+
+
+def _find_block(refs: _Refs, block: Array, block_q: int) -> tuple[_QueryBlock, Array]:
+    """Query block `block` of the step and whether it exists. The blocks are those of the rows
+    with more than one query token, in row order, then those of the padding tokens (as row
+    num_seqs, tokens [query_start_loc[num_seqs], T)). Two vector loads of `query_start_loc`
+    (issued together) and a prefix sum of the rows' block counts place it: no chain of
+    dependent loads, so a program with no block exits after one round trip to memory."""
+    num_rows = refs.query_start_loc.shape[0] - 1
+    num_seqs = refs.num_seqs[0]
+    r = jnp.arange(pl.next_power_of_2(num_rows + 1), dtype=jnp.int32)
+    lo = plgpu.load(refs.query_start_loc.at[jnp.minimum(r, num_rows)])
+    hi = plgpu.load(refs.query_start_loc.at[jnp.minimum(r + 1, num_rows)])
+    hi = jnp.where(r == num_seqs, refs.q.shape[0], hi)
+    q_len = hi - lo
+    has_blocks = jnp.where(r < num_seqs, q_len > 1, (r == num_seqs) & (q_len > 0))
+    num_blocks = jnp.where(has_blocks, _cdiv(q_len, block_q), 0)
+    ends = jax.lax.cumsum(num_blocks, axis=0)
+    row = jnp.sum((ends <= block).astype(jnp.int32))
+
+    def pick(x: Array) -> Array:
+        return jnp.sum(jnp.where(r == row, x, 0))
+
+    start = pick(lo)
+    first_token = start + (block - pick(ends - num_blocks)) * block_q
+    return _QueryBlock(row, start, pick(hi), first_token), block < jnp.sum(num_blocks)
+
+
+def _block_index(qb: _QueryBlock, kv_head: Array, g: _Geometry) -> tuple:
+    """The [M, H] index of a query block's (token, head) rows in [T, N, H], and its mask."""
+    m_vec = jnp.arange(g.block_m, dtype=jnp.int32)
+    tokens = qb.first_token + _div(m_vec, g.group)
+    heads = kv_head * g.group + _rem(m_vec, g.group)
+    is_row = (m_vec < g.block_q * g.group) & (tokens < qb.end)
+    dims = jnp.arange(g.head_dim, dtype=jnp.int32)[None, :]
+    return (tokens[:, None], heads[:, None], dims), _full_mask(is_row, g.head_dim)
+
+
+def _prefill_block(qb: _QueryBlock, kv_head: Array, refs: _Refs, g: _Geometry, scoring: Scoring):
+    """Attends one query block of a row with several query tokens and writes its output."""
+    index, mask = _block_index(qb, kv_head, g)
+    q = plgpu.load(refs.q.at[index], mask=mask, other=0).astype(refs.kv.dtype)
+    seq_len = refs.seq_lens[qb.row]
+    first_pos = seq_len - (qb.end - qb.start) + (qb.first_token - qb.start)
+    last_pos = jnp.minimum(first_pos + g.block_q - 1, seq_len - 1)
+    walk = _Walk(
+        kv_ref=refs.kv, block_tables_ref=refs.block_tables, row=qb.row, kv_head=kv_head, q=q,
+        positions=first_pos + _div(jnp.arange(g.block_m, dtype=jnp.int32), g.group),
+        kv_end=seq_len, geometry=g, scoring=scoring,
+    )
+    end_tile = _cdiv(last_pos + 1, g.block_k)
+    if scoring.sliding_window is None:
+        first_tile, num_full = jnp.int32(0), _div(first_pos + 1, g.block_k)
+    else:
+        first_tile = _div(jnp.maximum(first_pos - scoring.sliding_window + 1, 0), g.block_k)
+        num_full = jnp.int32(0)
+    _, l, acc = _walk_tiles(walk, first_tile, num_full, end_tile)
+    plgpu.store(refs.out.at[index], _normalize(l, acc).astype(refs.out.dtype), mask=mask)
+
+
+def _merge_prefill_kernel(
     query_start_loc_ref, seq_lens_ref, block_tables_ref, num_seqs_ref, q_ref, kv_ref,
-    _out_in_ref, out_ref, *, geometry: _Geometry, scoring: Scoring,
+    acc_ref, m_ref, l_ref, _out_in_ref, out_ref, *, prefill: _Geometry, decode: _Geometry,
+    scoring: Scoring, splits: _Splits, num_blocks: int,
 ):
-    """Program (b, k): query block b of the step (the last blocks first), kv head k."""
-    g = geometry
-    block = pl.num_programs(0) - 1 - pl.program_id(0)
-    kv_head = pl.program_id(1)
-    row = _find_row(query_start_loc_ref, num_seqs_ref[0], block, g.block_q)
-    row_start, row_end = query_start_loc_ref[row], query_start_loc_ref[row + 1]
-    first_token = row_start + (block - _div(row_start, g.block_q) - row) * g.block_q
-    is_active = (row < num_seqs_ref[0]) & (row_end - row_start > 1) & (first_token < row_end)
+    """Program (p, k), kv head k: query block num_blocks - 1 - p (the last blocks first) for
+    p < num_blocks, else the merge of decode row p - num_blocks."""
+    refs = _Refs(
+        query_start_loc_ref, seq_lens_ref, block_tables_ref, num_seqs_ref, q_ref, kv_ref,
+        acc_ref, m_ref, l_ref, out_ref,
+    )
+    program, kv_head = pl.program_id(0), pl.program_id(1)
 
-    @pl.when(is_active)
+    @pl.when(program < num_blocks)
     def _():
-        seq_len = seq_lens_ref[row]
-        m_vec = jnp.arange(g.block_m, dtype=jnp.int32)
-        tokens = first_token + _div(m_vec, g.group)
-        heads = kv_head * g.group + _rem(m_vec, g.group)
-        is_row = (m_vec < g.block_q * g.group) & (tokens < row_end)
-        dims = jnp.arange(g.head_dim, dtype=jnp.int32)[None, :]
-        index = (tokens[:, None], heads[:, None], dims)
-        mask = _full_mask(is_row, g.head_dim)
-        q = plgpu.load(q_ref.at[index], mask=mask, other=0).astype(kv_ref.dtype)
-        first_pos = seq_len - (row_end - row_start) + (first_token - row_start)
-        last_pos = jnp.minimum(first_pos + g.block_q - 1, seq_len - 1)
-        walk = _Walk(
-            kv_ref=kv_ref, block_tables_ref=block_tables_ref, row=row, kv_head=kv_head, q=q,
-            positions=first_pos + _div(m_vec, g.group), kv_end=seq_len, geometry=g, scoring=scoring,
-        )
-        end_tile = _cdiv(last_pos + 1, g.block_k)
-        if scoring.sliding_window is None:
-            first_tile, num_full = jnp.int32(0), _div(first_pos + 1, g.block_k)
-        else:
-            first_tile = _div(jnp.maximum(first_pos - scoring.sliding_window + 1, 0), g.block_k)
-            num_full = jnp.int32(0)
-        _, l, acc = _walk_tiles(walk, first_tile, num_full, end_tile)
-        plgpu.store(out_ref.at[index], _normalize(l, acc).astype(out_ref.dtype), mask=mask)
+        qb, is_block = _find_block(refs, num_blocks - 1 - program, prefill.block_q)
+        is_padding = qb.row == num_seqs_ref[0]
+
+        @pl.when(is_block & is_padding)
+        def _():
+            index, mask = _block_index(qb, kv_head, prefill)
+            zeros = jnp.zeros((prefill.block_m, prefill.head_dim), out_ref.dtype)
+            plgpu.store(out_ref.at[index], zeros, mask=mask)
+
+        @pl.when(is_block & ~is_padding)
+        def _():
+            _prefill_block(qb, kv_head, refs, prefill, scoring)
+
+    @pl.when(program >= num_blocks)
+    def _():
+        _merge_row(program - num_blocks, kv_head, refs, decode, splits)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -351,6 +468,15 @@ class _Step:
     num_seqs: Array  # [1]
     scoring: Scoring
     interpret: bool
+
+    @property
+    def max_rows(self) -> int:
+        """Real rows at most: min(R, T), as every real row has a query token."""
+        return min(self.seq_lens.shape[0], self.q.shape[0])
+
+    @property
+    def metadata(self) -> tuple[Array, ...]:
+        return self.query_start_loc, self.seq_lens, self.block_tables, self.num_seqs
 
     def launch(self, kernel, grid, out_shape, tuning: KernelTuning, aliases=None):
         return pl.pallas_call(
@@ -379,7 +505,7 @@ def _check_shapes(q: Array, kv_cache: Array) -> None:
         raise ValueError(f"kv_cache has too many pages ({num_pages}) for int32 row indices.")
 
 
-# Jitted so a model's layers share one trace and lowering of the three launches.
+# Jitted so a model's layers share one trace and lowering of the two launches.
 @functools.partial(jax.jit, static_argnames=("scoring", "tuning", "interpret"))
 def ragged_paged_attention(
     q: Float[Array, "T N H"],
@@ -406,57 +532,55 @@ def ragged_paged_attention(
         num_kv_heads, group, head_dim, page_size,
         block_m=max(16, pl.next_power_of_2(group)), block_k=tuning.decode.block_k,
     )
-    partials, num_splits = _decode(step, decode, tuning)
-    out = _merge(step, decode, num_splits, partials)
+    splits = _Splits(
+        tuning.decode_programs, tuning.max_kv_splits, tuning.min_tiles_per_split,
+        decode.block_k, scoring.sliding_window,
+    )
+    buffers = _decode(step, decode, splits, tuning.decode)
     prefill = dataclasses.replace(
         decode, block_m=max(tuning.prefill.block_m, pl.next_power_of_2(group)),
         block_k=tuning.prefill.block_k,
     )
-    return _prefill(step, prefill, tuning.prefill, out)
+    return _merge_prefill(step, (decode, prefill), splits, tuning.prefill, buffers)
 
 
-def _decode(step: _Step, g: _Geometry, tuning: AttentionTuning) -> tuple:
-    """Launch 1: float32 partials [C, K, G, H] (acc), [C, K, G] (max, sum) of every segment,
-    and the number of segments per row."""
-    num_programs = max(step.seq_lens.shape[0], tuning.decode_programs)
-    num_splits = jnp.clip(
-        tuning.decode_programs // jnp.maximum(step.num_seqs, 1), 1, tuning.max_kv_splits
-    ).astype(jnp.int32)
+def _decode(step: _Step, g: _Geometry, splits: _Splits, tuning: KernelTuning) -> tuple:
+    """Launch 1: float32 partials [C, K, G, H] (acc), [C, K, G] (max, sum) of the split rows'
+    segments, and the output [T, N, H] with the rows of one segment written."""
+    num_rows = step.max_rows
+    num_programs = max(num_rows, min(num_rows * splits.max_kv_splits, splits.decode_programs))
     shape = (num_programs, g.num_kv_heads, g.group)
     out_shape = (
         jax.ShapeDtypeStruct((*shape, g.head_dim), jnp.float32),
         jax.ShapeDtypeStruct(shape, jnp.float32),
         jax.ShapeDtypeStruct(shape, jnp.float32),
+        jax.ShapeDtypeStruct(step.q.shape, step.q.dtype),
     )
-    kernel = functools.partial(_decode_kernel, geometry=g, scoring=step.scoring)
-    launch = step.launch(kernel, (num_programs, g.num_kv_heads), out_shape, tuning.decode)
-    partials = launch(
-        step.query_start_loc, step.seq_lens, step.block_tables, step.num_seqs, num_splits,
-        step.q, step.kv_cache,
-    )
-    return partials, num_splits
+    kernel = functools.partial(_decode_kernel, geometry=g, scoring=step.scoring, splits=splits)
+    launch = step.launch(kernel, (num_programs, g.num_kv_heads), out_shape, tuning)
+    return launch(*step.metadata, step.q, step.kv_cache)
 
 
-def _merge(step: _Step, g: _Geometry, num_splits: Array, partials: tuple) -> Array:
-    """Launch 2: the decode rows' outputs, in a zeroed [T, N, H] (padding tokens stay 0)."""
-    out = jnp.zeros(step.q.shape, step.q.dtype)
-    kernel = functools.partial(_merge_kernel, geometry=g)
+def _merge_prefill(
+    step: _Step, geometries: tuple, splits: _Splits, tuning: KernelTuning, buffers: tuple
+) -> Array:
+    """Launch 2: the prefill rows, the split decode rows and the padding tokens, written into
+    the decode launch's output in place."""
+    decode, prefill = geometries
+    num_tokens = step.q.shape[0]
+    # The rows with blocks: those of several tokens (min(R, T // 2) at most) and the padding
+    # row. n such rows, T tokens in all, fill at most (T - n) // block_q + n blocks, a bound
+    # that grows with n.
+    num_rows = min(min(step.seq_lens.shape[0], num_tokens // 2) + 1, num_tokens)
+    num_blocks = (num_tokens - num_rows) // prefill.block_q + num_rows
+    # Rows are split only when num_seqs <= decode_programs // 2.
+    num_merge_rows = min(step.max_rows, splits.decode_programs // 2) if splits.max_kv_splits > 1 else 0
+    kernel = functools.partial(
+        _merge_prefill_kernel, prefill=prefill, decode=decode, scoring=step.scoring,
+        splits=splits, num_blocks=num_blocks,
+    )
     launch = step.launch(
-        kernel, (step.seq_lens.shape[0], g.num_kv_heads), jax.ShapeDtypeStruct(out.shape, out.dtype),
-        KernelTuning(num_warps=4), aliases={7: 0},
+        kernel, (num_blocks + num_merge_rows, prefill.num_kv_heads),
+        jax.ShapeDtypeStruct(step.q.shape, step.q.dtype), tuning, aliases={9: 0},
     )
-    return launch(step.query_start_loc, step.seq_lens, step.num_seqs, num_splits, *partials, out)
-
-
-def _prefill(step: _Step, g: _Geometry, tuning: KernelTuning, out: Array) -> Array:
-    """Launch 3: rows with several query tokens, written into `out` in place."""
-    num_blocks = pl.cdiv(step.q.shape[0], g.block_q) + step.seq_lens.shape[0]
-    kernel = functools.partial(_prefill_kernel, geometry=g, scoring=step.scoring)
-    launch = step.launch(
-        kernel, (num_blocks, g.num_kv_heads), jax.ShapeDtypeStruct(out.shape, out.dtype), tuning,
-        aliases={6: 0},
-    )
-    return launch(
-        step.query_start_loc, step.seq_lens, step.block_tables, step.num_seqs, step.q,
-        step.kv_cache, out,
-    )
+    return launch(*step.metadata, step.q, step.kv_cache, *buffers)

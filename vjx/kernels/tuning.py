@@ -46,16 +46,20 @@ class AttentionTuning:
     """`block_m` is ignored for decode: its rows are the query heads of one KV head."""
     prefill: KernelTuning = KernelTuning()
     decode_programs: int = 64
-    """Target decode programs per KV head: a step with B decode rows splits each row's keys
-    into min(max_kv_splits, decode_programs // B) segments, so few long rows still fill the
-    GPU. The split count is computed on the device from `num_seqs` (no recompile)."""
+    """Target decode programs per KV head: a step with B rows splits each decode row's keys
+    into at most min(max_kv_splits, decode_programs // B) segments, so few long rows still
+    fill the GPU. The split count is computed on the device (no recompile)."""
     max_kv_splits: int = 16
+    min_tiles_per_split: int = 2
+    """Decode key tiles per segment at least: a row of n tiles takes at most
+    ceil(n / min_tiles_per_split) segments, so a short row is not split (one segment writes
+    its output directly and needs no merge)."""
 
     def __post_init__(self):
-        if self.decode_programs < 1:
-            raise ValueError(f"decode_programs must be >= 1, got {self.decode_programs}.")
-        if self.max_kv_splits < 1:
-            raise ValueError(f"max_kv_splits must be >= 1, got {self.max_kv_splits}.")
+        for name in ("decode_programs", "max_kv_splits", "min_tiles_per_split"):
+            value = getattr(self, name)
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}.")
 
 
 # Defaults by head dim. The D 128 knobs won H200 sweeps (decode: 64-key tiles, 4 warps, 2

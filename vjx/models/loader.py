@@ -82,6 +82,16 @@ class _Placement:
         return axis, kv_head_replicas(param.shape[axis], model_axis_size(self.mesh))
 
 
+class _ShapeOnlyRngs(nnx.Rngs):
+    """The `rngs` of a model built under `nnx.eval_shape`, whose init values are never read
+    (the loader fills every param). nnx's own stream would count its draws in a traced
+    variable, and every count update asks the tracer for its sharding, which JAX answers by
+    searching the whole trace for the tracer's origin: quadratic in the model's depth."""
+
+    def params(self) -> jax.Array:
+        return jax.random.key(0)
+
+
 def get_model(
     model_config: ModelConfig, backend: AttentionBackend, *, mesh: Mesh | None = None
 ) -> nnx.Module:
@@ -96,7 +106,7 @@ def get_model(
     dtype = jnp.dtype(DTYPES[model_config.dtype])
     model = nnx.eval_shape(
         lambda: model_cls(
-            model_config.hf_config, dtype=dtype, backend=backend, rngs=nnx.Rngs(model_config.seed)
+            model_config.hf_config, dtype=dtype, backend=backend, rngs=_ShapeOnlyRngs(model_config.seed)
         )
     )
     slots = _param_slots(model)

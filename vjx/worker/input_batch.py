@@ -21,16 +21,13 @@ class CachedRequestState:
     sampling_params: SamplingParams
     seed: int
     block_ids: list[int]
-    num_computed_tokens: int
     eos_token_id: int | None = None
     output_token_ids: list[int] = dataclasses.field(default_factory=list)
+    """The tokens sampled so far, kept while the request is out of the batch; in the batch
+    its row holds them (`InputBatch.token_ids_cpu`), and they come back here when it leaves."""
     prompt_logprobs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = dataclasses.field(default_factory=list)
     """Rows of prompt logprobs computed so far (the prompt may take several chunks)."""
     has_sent_prompt_logprobs: bool = False
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
 
 
 class InputBatch:
@@ -40,6 +37,9 @@ class InputBatch:
         self.max_num_reqs = max_num_reqs
         self.req_ids: list[str | None] = [None] * max_num_reqs
         self.req_id_to_index: dict[str, int] = {}
+        self.slot_versions = np.zeros(max_num_reqs, np.int64)
+        """Bumped whenever a slot's request enters or leaves: a step's rows still hold the
+        requests they held at dispatch where the versions are unchanged."""
         self._free_slots = list(range(max_num_reqs - 1, -1, -1))
         self.token_ids_cpu = np.zeros((max_num_reqs, max_model_len), np.int32)
         self.num_tokens = np.zeros(max_num_reqs, np.int32)
@@ -67,8 +67,9 @@ class InputBatch:
     def num_reqs(self) -> int:
         return len(self.req_id_to_index)
 
-    def add_request(self, state: CachedRequestState) -> int:
+    def add_request(self, state: CachedRequestState, num_computed_tokens: int) -> int:
         row = self._free_slots.pop()
+        self.slot_versions[row] += 1
         self.req_ids[row] = state.req_id
         self.req_id_to_index[state.req_id] = row
         num_prompt = len(state.prompt_token_ids)
@@ -76,7 +77,7 @@ class InputBatch:
         self.token_ids_cpu[row, : len(tokens)] = tokens
         self.num_tokens[row] = len(tokens)
         self.num_prompt_tokens[row] = num_prompt
-        self.num_computed_tokens[row] = state.num_computed_tokens
+        self.num_computed_tokens[row] = num_computed_tokens
         params = state.sampling_params
         self.temperature[row] = params.temperature
         self.top_k[row] = params.top_k
@@ -104,18 +105,22 @@ class InputBatch:
         self.min_tokens_stop_ids[row] = -1
         self.min_tokens_stop_ids[row, : len(stop_ids)] = stop_ids
 
-    def remove_request(self, req_id: str) -> int | None:
+    def remove_request(self, req_id: str) -> list[int] | None:
+        """Frees the request's slot; returns the tokens it sampled so far (None if absent)."""
         row = self.req_id_to_index.pop(req_id, None)
         if row is None:
             return None
+        output_token_ids = self.token_ids_cpu[row, self.num_prompt_tokens[row] : self.num_tokens[row]].tolist()
+        self.slot_versions[row] += 1
         self.req_ids[row] = None
         self.block_table.clear_row(row)
         self._free_slots.append(row)
-        return row
+        return output_token_ids
 
-    def append_token(self, row: int, token_id: int) -> None:
-        self.token_ids_cpu[row, self.num_tokens[row]] = token_id
-        self.num_tokens[row] += 1
+    def append_tokens(self, rows: np.ndarray, token_ids: np.ndarray) -> None:
+        """One token to each of `rows` (distinct rows)."""
+        self.token_ids_cpu[rows, self.num_tokens[rows]] = token_ids
+        self.num_tokens[rows] += 1
 
 
 def _uses_general_step(params: SamplingParams) -> bool:

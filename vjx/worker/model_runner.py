@@ -22,14 +22,14 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vjx.config import VjxConfig
-from vjx.core.sched.output import SchedulerOutput
+from vjx.core.sched.output import CachedRequestData, SchedulerOutput
 from vjx.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vjx.sharding.placement import filled
 from vjx.worker.compile_watch import CompileWatch
 from vjx.worker.input_batch import CachedRequestState, InputBatch
 from vjx.worker.slot_tables import SlotTables
 from vjx.worker.step import compile_step, enable_compilation_cache
-from vjx.worker.step_layout import GENERAL, PLAIN, StepFeatures, StepLayout, token_buckets
+from vjx.worker.step_layout import GENERAL, PLAIN, PackedBuffer, StepFeatures, StepLayout, token_buckets
 from vjx.worker.step_outputs import StepRecord, collect_logprobs
 
 logger = logging.getLogger(__name__)
@@ -68,34 +68,42 @@ class ModelRunner:
         # Two host buffers per bucket, used in turn: the CPU backend may alias a numpy array
         # it was handed, so a buffer is refilled only after the step that read it finished
         # (EngineCore keeps at most two steps in flight).
-        self._packed = {t: [np.zeros(layout.size, np.int32) for _ in range(2)] for t, layout in self.layouts.items()}
+        self._packed = {t: [PackedBuffer(layout) for _ in range(2)] for t, layout in self.layouts.items()}
         self._num_steps = 0
         self._compiled = {}
         self._seed_rng = np.random.default_rng(config.model_config.seed)
         self._last_sampled = filled((self.max_num_reqs,), np.int32, 0, self.replicated)
-        self._last_sample_index: dict[str, int] = {}
-        """Requests the last dispatched step samples for, and their index in its output."""
+        self._sample_index_by_slot = np.full(self.max_num_reqs, -1, np.int32)
+        """Per slot, the index in the last dispatched step's output of the token it samples
+        for the slot's request (-1: none)."""
         self.compile_watch = CompileWatch()
 
-    def compile_or_warm_up_model(self) -> float:
+    def compile_or_warm_up_model(self, executable_cache=None) -> float:
         """Compiles both variants of every bucket's step ahead of the first request, side by
-        side in threads (XLA compiles outside the GIL); returns the seconds spent."""
+        side in threads (XLA compiles and executable loads run outside the GIL; tracing does
+        not); returns the seconds spent. `executable_cache` (an `ExecutableCache`) supplies
+        the variants compiled by an earlier start and keeps the new ones."""
         enable_compilation_cache()
         start = time.perf_counter()
         variants = [(t, features) for t in self.layouts for features in (PLAIN, GENERAL)]
         with concurrent.futures.ThreadPoolExecutor(min(len(variants), os.cpu_count() or 1)) as pool:
-            compiled = pool.map(lambda variant: self.compile_layout(*variant), variants)
+            compiled = pool.map(lambda variant: self.compile_layout(*variant, executable_cache), variants)
             self._compiled = dict(zip(variants, compiled))
         elapsed = time.perf_counter() - start
         logger.info("compiled %d step variants in %.1f s", len(variants), elapsed)
         return elapsed
 
-    def compile_layout(self, num_tokens: int, features: StepFeatures = GENERAL):
+    def compile_layout(self, num_tokens: int, features: StepFeatures = GENERAL, executable_cache=None):
+        """One variant's step: loaded from `executable_cache` when it holds it, else compiled."""
         layout = dataclasses.replace(self.layouts[num_tokens], features=features)
-        return compile_step(
-            layout, self.graphdef, self.treedef, self.param_leaves, self.kv_caches,
-            self.history, self.slot_tables.arrays, self.mesh,
-        )
+        state = (self.param_leaves, self.kv_caches, self.history, self.slot_tables.arrays)
+
+        def compile_fn():
+            return compile_step(layout, self.graphdef, self.treedef, *state, self.mesh)
+
+        if executable_cache is None:
+            return compile_fn()
+        return executable_cache.get_or_compile(repr(layout), state, compile_fn)
 
     def execute_model(
         self, scheduler_output: SchedulerOutput, non_block: bool = False
@@ -109,20 +117,25 @@ class ModelRunner:
             return AsyncModelRunnerOutput(lambda: ModelRunnerOutput([], {}, []))
         rows, num_tokens = self._order_rows(scheduler_output)
         layout = self._layout_for(int(num_tokens.sum()))
-        packed, record = self._prepare_inputs(layout, rows, num_tokens)
-        step = self._compiled[layout.num_tokens, self._features(layout, packed, rows, record)]
+        buffer, record = self._prepare_inputs(layout, rows, num_tokens)
+        step = self._compiled[layout.num_tokens, self._features(buffer.fields, rows, record)]
         with self.compile_watch:
             self.kv_caches, self.history, sampled, logprobs, prompt_logprobs = step(
                 self.param_leaves, self.kv_caches, self.history, self.slot_tables.arrays, self._last_sampled,
-                jax.device_put(packed, self.replicated),
+                self._to_device(buffer.data),
             )
         self._last_sampled = sampled
-        self._last_sample_index = {r: i for i, r in enumerate(record.req_ids) if record.is_sampling[i]}
+        self._sample_index_by_slot.fill(-1)
+        self._sample_index_by_slot[rows[record.is_sampling]] = np.flatnonzero(record.is_sampling)
         return AsyncModelRunnerOutput(lambda: self._collect(record, sampled, logprobs, prompt_logprobs))
 
-    def _features(self, layout: StepLayout, packed: np.ndarray, rows: np.ndarray, record: StepRecord) -> StepFeatures:
+    def _to_device(self, packed: np.ndarray) -> jax.Array:
+        """The step's one host-to-device transfer."""
+        return jax.device_put(packed, self.replicated)
+
+    def _features(self, fields: dict[str, np.ndarray], rows: np.ndarray, record: StepRecord) -> StepFeatures:
         """PLAIN when no row of the step filters, processes its logits or wants logprobs."""
-        is_below_min_tokens = layout.view(packed, "is_below_min_tokens")[: len(rows)]
+        is_below_min_tokens = fields["is_below_min_tokens"][: len(rows)]
         if self.input_batch.uses_general_step[rows].any() or is_below_min_tokens.any():
             return GENERAL
         return GENERAL if record.has_prompt_target.any() else PLAIN
@@ -132,9 +145,9 @@ class ModelRunner:
         for req_id in so.finished_req_ids:
             self.requests.pop(req_id, None)
             batch.remove_request(req_id)
-        for req_id in list(batch.req_id_to_index):
-            if req_id not in so.num_scheduled_tokens:
-                batch.remove_request(req_id)
+        for req_id in [r for r in batch.req_id_to_index if r not in so.num_scheduled_tokens]:
+            output_token_ids = batch.remove_request(req_id)
+            self.requests[req_id].output_token_ids = output_token_ids
         for new in so.scheduled_new_reqs:
             seed = new.sampling_params.seed
             state = CachedRequestState(
@@ -143,42 +156,50 @@ class ModelRunner:
                 sampling_params=new.sampling_params,
                 seed=(seed if seed is not None else int(self._seed_rng.integers(_SEED_MASK))) & _SEED_MASK,
                 block_ids=list(new.block_ids[0]),
-                num_computed_tokens=new.num_computed_tokens,
                 eos_token_id=new.eos_token_id,
             )
             self.requests[new.req_id] = state
-            self._add_to_batch(state)
-        cached = so.scheduled_cached_reqs
-        for i, req_id in enumerate(cached.req_ids):
-            self._update_cached_request(
-                self.requests[req_id],
-                cached.num_computed_tokens[i],
-                cached.new_block_ids[i],
-                cached.resumed_from_preemption[i],
-            )
+            self._add_to_batch(state, new.num_computed_tokens)
+        self._update_cached_requests(so.scheduled_cached_reqs)
 
-    def _add_to_batch(self, state: CachedRequestState) -> None:
-        row = self.input_batch.add_request(state)
+    def _add_to_batch(self, state: CachedRequestState, num_computed_tokens: int) -> int:
+        row = self.input_batch.add_request(state, num_computed_tokens)
         self.slot_tables.set_slot(row, state.sampling_params)
+        return row
 
-    def _update_cached_request(self, state, num_computed, new_block_ids, resumed) -> None:
+    def _update_cached_requests(self, cached: CachedRequestData) -> None:
+        """Most steps only advance the requests' token counts, written for all rows at once;
+        requests with new blocks, resumed ones and ones back from a step off the batch are
+        updated one by one."""
         batch = self.input_batch
-        state.num_computed_tokens = num_computed
+        rows = [batch.req_id_to_index.get(req_id, -1) for req_id in cached.req_ids]
+        changes = zip(rows, cached.new_block_ids, cached.resumed_from_preemption)
+        for i, (row, new_block_ids, resumed) in enumerate(changes):
+            if row < 0 or new_block_ids is not None or resumed:
+                state = self.requests[cached.req_ids[i]]
+                rows[i] = self._update_cached_request(state, cached.num_computed_tokens[i], new_block_ids, resumed)
+        batch.num_computed_tokens[rows] = cached.num_computed_tokens
+
+    def _update_cached_request(self, state, num_computed, new_block_ids, resumed) -> int:
+        """Applies the request's new blocks (all its blocks when resumed); returns its row."""
         new_ids = list(new_block_ids[0]) if new_block_ids is not None else []
-        state.block_ids = new_ids if resumed else state.block_ids + new_ids
-        row = batch.req_id_to_index.get(state.req_id)
+        if resumed:
+            state.block_ids = new_ids
+        else:
+            state.block_ids.extend(new_ids)
+        row = self.input_batch.req_id_to_index.get(state.req_id)
         if row is None:
-            self._add_to_batch(state)
-            return
-        batch.num_computed_tokens[row] = num_computed
+            return self._add_to_batch(state, num_computed)
         if new_ids:
-            batch.block_table.append_row(new_ids, row)
+            self.input_batch.block_table.append_row(new_ids, row)
+        return row
 
     def _order_rows(self, so: SchedulerOutput) -> tuple[np.ndarray, np.ndarray]:
         """The scheduled slots, decode rows (one token) first, and their token counts."""
         index = self.input_batch.req_id_to_index
-        rows = np.fromiter((index[r] for r in so.num_scheduled_tokens), np.int32)
-        num_tokens = np.fromiter(so.num_scheduled_tokens.values(), np.int32)
+        num_reqs = len(so.num_scheduled_tokens)
+        rows = np.fromiter(map(index.__getitem__, so.num_scheduled_tokens), np.int32, num_reqs)
+        num_tokens = np.fromiter(so.num_scheduled_tokens.values(), np.int32, num_reqs)
         order = np.argsort(num_tokens > 1, kind="stable")
         return rows[order], num_tokens[order]
 
@@ -190,71 +211,78 @@ class ModelRunner:
 
     def _prepare_inputs(
         self, layout: StepLayout, rows: np.ndarray, num_tokens: np.ndarray
-    ) -> tuple[np.ndarray, StepRecord]:
-        """The packed step buffer, and what `_collect` needs to know of the step."""
+    ) -> tuple[PackedBuffer, StepRecord]:
+        """The filled step buffer, and what `_collect` needs to know of the step."""
         batch = self.input_batch
         self._num_steps += 1
-        packed = self._packed[layout.num_tokens][self._num_steps % 2]
-        packed.fill(0)
+        buffer = self._packed[layout.num_tokens][self._num_steps % 2]
+        buffer.clear()
+        f = buffer.fields
         num_rows, total = len(rows), int(num_tokens.sum())
         start = batch.num_computed_tokens[rows]
         cu = np.cumsum(num_tokens)
         row_of_token = np.repeat(np.arange(num_rows), num_tokens)
         positions = start[row_of_token] + np.arange(total) - (cu - num_tokens)[row_of_token]
         token_rows = rows[row_of_token]
-        layout.view(packed, "input_ids")[:total] = batch.token_ids_cpu[token_rows, positions]
+        f["input_ids"][:total] = batch.token_ids_cpu[token_rows, positions]
+        # A token not on the host yet was sampled by the last dispatched step, for the
+        # request that holds the same slot now (a request changes slots only off the batch).
         is_pending = positions >= batch.num_tokens[token_rows]
-        prev_index = layout.view(packed, "prev_sampled_index")
-        prev_index[:] = -1
-        prev_index[:total][is_pending] = [self._last_sample_index[batch.req_ids[r]] for r in token_rows[is_pending]]
+        f["prev_sampled_index"][:] = -1
+        f["prev_sampled_index"][:total][is_pending] = self._sample_index_by_slot[token_rows[is_pending]]
         num_pending = np.bincount(row_of_token[is_pending], minlength=num_rows)
-        layout.view(packed, "positions")[:total] = positions
-        layout.view(packed, "token_slots")[:] = self.max_num_reqs
-        layout.view(packed, "token_slots")[:total] = token_rows
-        targets = layout.view(packed, "prompt_logprobs_targets")
+        f["positions"][:total] = positions
+        f["token_slots"][:] = self.max_num_reqs
+        f["token_slots"][:total] = token_rows
+        targets = f["prompt_logprobs_targets"]
         targets[:] = -1
-        has_target = (batch.num_prompt_logprobs[token_rows] >= 0) & (positions + 1 < batch.num_prompt_tokens[token_rows])
+        has_target = ((batch.num_prompt_logprobs[token_rows] >= 0)
+                      & (positions + 1 < batch.num_prompt_tokens[token_rows]))
         targets[:total][has_target] = batch.token_ids_cpu[token_rows[has_target], positions[has_target] + 1]
-        blocks = batch.block_table.block_table[token_rows, positions // self.block_size]
-        layout.view(packed, "slot_mapping")[:total] = blocks * self.block_size + positions % self.block_size
-        layout.view(packed, "query_start_loc")[1 : num_rows + 1] = cu
-        layout.view(packed, "query_start_loc")[num_rows + 1 :] = total
-        layout.view(packed, "seq_lens")[:num_rows] = start + num_tokens
-        layout.view(packed, "num_seqs")[0] = num_rows
-        layout.view(packed, "block_tables")[:num_rows] = batch.block_table.block_table[rows]
-        self._prepare_sampling(layout, packed, rows, cu - 1, num_pending)
+        table = batch.block_table
+        blocks = table.block_table[token_rows, positions // self.block_size]
+        f["slot_mapping"][:total] = blocks * self.block_size + positions % self.block_size
+        f["query_start_loc"][1 : num_rows + 1] = cu
+        f["query_start_loc"][num_rows + 1 :] = total
+        f["seq_lens"][:num_rows] = start + num_tokens
+        f["num_seqs"][0] = num_rows
+        buffer.set_block_tables(table.block_table, rows, int(table.num_blocks_per_row[rows].max()))
+        self._prepare_sampling(f, rows, cu - 1, num_pending)
         record = StepRecord(
             req_ids=[batch.req_ids[row] for row in rows.tolist()],
+            rows=rows,
+            slot_versions=batch.slot_versions[rows],
             is_sampling=start + num_tokens >= batch.num_tokens[rows] + num_pending,
             num_logprobs=batch.num_logprobs[rows],
+            may_send_prompt_logprobs=batch.num_prompt_logprobs[rows] >= 0,
             token_rows=row_of_token,
             has_prompt_target=has_target,
         )
-        return packed, record
+        return buffer, record
 
-    def _prepare_sampling(self, layout, packed, rows, logits_indices, num_pending) -> None:
+    def _prepare_sampling(self, f: dict[str, np.ndarray], rows, logits_indices, num_pending) -> None:
         batch, num_rows = self.input_batch, len(rows)
-        layout.view(packed, "logits_indices")[:num_rows] = logits_indices
-        layout.view(packed, "temperature")[:num_rows] = batch.temperature[rows]
-        layout.view(packed, "top_k")[:num_rows] = batch.top_k[rows]
-        layout.view(packed, "top_p")[:] = 1.0
-        layout.view(packed, "top_p")[:num_rows] = batch.top_p[rows]
-        layout.view(packed, "seeds")[:num_rows] = batch.seeds[rows]
-        layout.view(packed, "sample_slots")[:num_rows] = rows
-        layout.view(packed, "min_p")[:num_rows] = batch.min_p[rows]
-        layout.view(packed, "presence_penalty")[:num_rows] = batch.presence_penalty[rows]
-        layout.view(packed, "frequency_penalty")[:num_rows] = batch.frequency_penalty[rows]
-        layout.view(packed, "repetition_penalty")[:] = 1.0
-        layout.view(packed, "repetition_penalty")[:num_rows] = batch.repetition_penalty[rows]
-        layout.view(packed, "num_prompt_tokens")[:num_rows] = batch.num_prompt_tokens[rows]
-        layout.view(packed, "num_logprobs")[:] = -1
-        layout.view(packed, "num_logprobs")[:num_rows] = batch.num_logprobs[rows]
-        layout.view(packed, "has_logit_bias")[:num_rows] = batch.has_logit_bias[rows]
+        f["logits_indices"][:num_rows] = logits_indices
+        f["temperature"][:num_rows] = batch.temperature[rows]
+        f["top_k"][:num_rows] = batch.top_k[rows]
+        f["top_p"][:] = 1.0
+        f["top_p"][:num_rows] = batch.top_p[rows]
+        f["seeds"][:num_rows] = batch.seeds[rows]
+        f["sample_slots"][:num_rows] = rows
+        f["min_p"][:num_rows] = batch.min_p[rows]
+        f["presence_penalty"][:num_rows] = batch.presence_penalty[rows]
+        f["frequency_penalty"][:num_rows] = batch.frequency_penalty[rows]
+        f["repetition_penalty"][:] = 1.0
+        f["repetition_penalty"][:num_rows] = batch.repetition_penalty[rows]
+        f["num_prompt_tokens"][:num_rows] = batch.num_prompt_tokens[rows]
+        f["num_logprobs"][:] = -1
+        f["num_logprobs"][:num_rows] = batch.num_logprobs[rows]
+        f["has_logit_bias"][:num_rows] = batch.has_logit_bias[rows]
         num_outputs = batch.num_tokens[rows] + num_pending - batch.num_prompt_tokens[rows]
-        layout.view(packed, "sample_positions")[:num_rows] = num_outputs
-        layout.view(packed, "is_below_min_tokens")[:num_rows] = num_outputs < batch.min_tokens[rows]
-        layout.view(packed, "stop_token_ids")[:] = -1
-        layout.view(packed, "stop_token_ids")[:num_rows] = batch.min_tokens_stop_ids[rows]
+        f["sample_positions"][:num_rows] = num_outputs
+        f["is_below_min_tokens"][:num_rows] = num_outputs < batch.min_tokens[rows]
+        f["stop_token_ids"][:] = -1
+        f["stop_token_ids"][:num_rows] = batch.min_tokens_stop_ids[rows]
 
     def _collect(self, record: StepRecord, sampled, logprobs, prompt_logprobs) -> ModelRunnerOutput:
         """Waits for a step's tokens and appends each to its request.
@@ -262,22 +290,23 @@ class ModelRunner:
         A request may have left the batch (preempted) or the runner (finished) since the step
         was dispatched: its token still goes to the scheduler, which decides what to keep.
         """
-        sampled = np.asarray(sampled)
-        batch = self.input_batch
-        sampled_token_ids = []
-        for i, req_id in enumerate(record.req_ids):
-            if not record.is_sampling[i]:
-                sampled_token_ids.append([])
-                continue
-            token = int(sampled[i])
-            sampled_token_ids.append([token])
-            state = self.requests.get(req_id)
-            if state is not None:
-                state.output_token_ids.append(token)
-            row = batch.req_id_to_index.get(req_id)
-            if row is not None:
-                batch.append_token(row, token)
-        index = {req_id: i for i, req_id in enumerate(record.req_ids)}
-        output = ModelRunnerOutput(record.req_ids, index, sampled_token_ids)
+        num_rows = len(record.req_ids)
+        tokens = np.asarray(sampled)[:num_rows]
+        sampled_token_ids = [[token] if is_sampling else []
+                             for token, is_sampling in zip(tokens.tolist(), record.is_sampling.tolist())]
+        self._append_sampled_tokens(record, tokens)
+        output = ModelRunnerOutput(record.req_ids, dict(zip(record.req_ids, range(num_rows))), sampled_token_ids)
         collect_logprobs(record, logprobs, prompt_logprobs, self.requests, output)
         return output
+
+    def _append_sampled_tokens(self, record: StepRecord, tokens: np.ndarray) -> None:
+        """Each sampled token goes to its request's row, all rows at once; a request that left
+        the batch since the step was dispatched keeps its tokens in its state instead."""
+        batch = self.input_batch
+        is_in_batch = batch.slot_versions[record.rows] == record.slot_versions
+        is_appended = record.is_sampling & is_in_batch
+        batch.append_tokens(record.rows[is_appended], tokens[is_appended])
+        for i in np.flatnonzero(record.is_sampling & ~is_in_batch).tolist():
+            state = self.requests.get(record.req_ids[i])
+            if state is not None:
+                state.output_token_ids.append(int(tokens[i]))

@@ -82,7 +82,6 @@ class StepLayout:
             "query_start_loc": (r + 1,),
             "seq_lens": (r,),
             "num_seqs": (1,),
-            "block_tables": (r, self.max_num_blocks_per_req),
             # per sampled row
             "logits_indices": (rs,),
             "sample_slots": (rs,),
@@ -100,6 +99,8 @@ class StepLayout:
             "is_below_min_tokens": (rs,),
             "has_logit_bias": (rs,),
             "stop_token_ids": (rs, MAX_MIN_TOKENS_STOP_IDS),  # padded with -1
+            # last, so the fields before it are cleared with one fill (see PackedBuffer)
+            "block_tables": (r, self.max_num_blocks_per_req),
         }
 
     @functools.cached_property
@@ -130,3 +131,33 @@ class StepLayout:
                 part = jax.lax.bitcast_convert_type(part, jnp.float32)
             out[name] = part
         return out
+
+
+class PackedBuffer:
+    """One host buffer of a layout, reused step after step, with a view of every field.
+
+    Every field but the block table is cleared and rewritten each step. The block table is
+    most of the buffer (R x W) and mostly zeros (the scratch block, past each row's last
+    block), so only its used corner changes: the rows x blocks the buffer's previous step
+    wrote are cleared, then this step's are copied in. The buffer then holds exactly what a
+    whole refill would give.
+    """
+
+    def __init__(self, layout: StepLayout):
+        self.data = np.zeros(layout.size, np.int32)
+        self.fields = {name: layout.view(self.data, name) for name in layout.shapes}
+        self._head = self.data[: layout.fields["block_tables"][0]]
+        self._table_extent = (0, 0)
+        """(rows, blocks) of the block table's corner that holds entries."""
+
+    def clear(self) -> None:
+        """Zeroes every field but the block table."""
+        self._head.fill(0)
+
+    def set_block_tables(self, block_table: np.ndarray, rows: np.ndarray, num_blocks: int) -> None:
+        """Rows `rows` of `block_table` (entries past `num_blocks` are all zero) as rows 0.. ."""
+        table = self.fields["block_tables"]
+        num_used_rows, num_used_blocks = self._table_extent
+        table[:num_used_rows, :num_used_blocks] = 0
+        table[: len(rows), :num_blocks] = block_table[rows, :num_blocks]
+        self._table_extent = (len(rows), num_blocks)

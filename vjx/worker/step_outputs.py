@@ -17,10 +17,16 @@ class StepRecord:
     """A dispatched step, row by row in its order (rows are requests, decode-first)."""
 
     req_ids: list[str]
+    rows: np.ndarray
+    """Per row: its persistent-batch slot."""
+    slot_versions: np.ndarray
+    """Per row: `InputBatch.slot_versions` of its slot at dispatch."""
     is_sampling: np.ndarray
     """Per row: the step reaches the end of the request's tokens and samples the next one."""
     num_logprobs: np.ndarray
     """Per row: the request's `logprobs` (-1: none)."""
+    may_send_prompt_logprobs: np.ndarray
+    """Per row: the request asked for prompt logprobs, unsent when it entered the batch."""
     token_rows: np.ndarray
     """Per real token of the step: its row."""
     has_prompt_target: np.ndarray
@@ -56,7 +62,7 @@ def collect_logprobs(
             state = requests.get(record.req_ids[record.token_rows[t]])
             if state is not None:
                 state.prompt_logprobs.append((ids[t], lps[t], ranks[t]))
-    for i in np.flatnonzero(record.is_sampling):
+    for i in np.flatnonzero(record.is_sampling & record.may_send_prompt_logprobs):
         state = requests.get(record.req_ids[i])
         if state is None or state.sampling_params.prompt_logprobs is None or state.has_sent_prompt_logprobs:
             continue

@@ -21,7 +21,9 @@ from vjx.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vjx.sharding.mesh import make_mesh
 from vjx.sharding.placement import filled
 from vjx.sharding.rules import logical_sharding
+from vjx.worker.executable_cache import ExecutableCache
 from vjx.worker.model_runner import ModelRunner
+from vjx.worker.step import enable_compilation_cache
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +37,7 @@ class Worker:
 
     def __init__(self, config: VjxConfig):
         self.config = config
+        enable_compilation_cache()
         self.mesh = make_mesh(config.parallel_config)
         self.backend = get_attention_backend(config.attention_backend)
         start = time.perf_counter()
@@ -46,6 +49,7 @@ class Worker:
         self.kv_cache_spec = get_kv_cache_spec(config.model_config.hf_config, tp)
         self.kv_cache_sharding = logical_sharding(self.mesh, self.backend.kv_cache_axes)
         self.model_runner: ModelRunner | None = None
+        self.executable_cache = ExecutableCache.in_compilation_cache_dir(config, self.mesh)
 
     @property
     def _kv_dtype(self):
@@ -90,7 +94,7 @@ class Worker:
         tiny-cache compile."""
         runner = ModelRunner(self.config, self.model, self._allocate_kv_caches(2), self.mesh)
         largest = max(runner.layouts)
-        stats = runner.compile_layout(largest).memory_analysis()
+        stats = runner.compile_layout(largest, executable_cache=self.executable_cache).memory_analysis()
         return int(stats.temp_size_in_bytes)
 
     def _allocate_kv_caches(self, num_blocks: int) -> list[jax.Array]:
@@ -104,7 +108,11 @@ class Worker:
         self.model_runner = ModelRunner(self.config, self.model, self._allocate_kv_caches(num_blocks), self.mesh)
 
     def compile_or_warm_up_model(self) -> float:
-        return self.model_runner.compile_or_warm_up_model()
+        elapsed = self.model_runner.compile_or_warm_up_model(self.executable_cache)
+        if self.executable_cache is not None:
+            logger.info("executable cache %s: %d loaded, %d compiled", self.executable_cache.directory,
+                        self.executable_cache.num_hits, self.executable_cache.num_misses)
+        return elapsed
 
     def execute_model(
         self, scheduler_output: SchedulerOutput, non_block: bool = False
