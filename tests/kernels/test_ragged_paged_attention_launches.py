@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests.kernels.batches import BatchShape, dense_attention, make_batch, relative_error
+from vjx.kernels import kv_walk
 from vjx.kernels import ragged_paged_attention as rpa
 from vjx.kernels.tuning import AttentionTuning, KernelTuning
 
@@ -92,7 +93,7 @@ def test_decode_launch_writes_rows_of_one_segment():
     step = rpa._Step(
         q, kv_cache, md.query_start_loc, md.seq_lens, md.block_tables, md.num_seqs, SCORING, True
     )
-    geometry = rpa._Geometry(2, 4, 64, 16, block_m=16, block_k=16)
+    geometry = kv_walk.Geometry(2, 4, 64, 16, block_m=16, block_k=16)
     splits = rpa._Splits(8, 4, 2, 16, None)  # 2 segments at most for 3 rows
     *_, out = rpa._decode(step, geometry, splits, TUNING.decode)
     out = np.asarray(out)

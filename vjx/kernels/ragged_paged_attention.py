@@ -28,7 +28,8 @@ Every program packs the G query heads of its kv head into the M rows of its matm
 K/V tile is read once per kv head. Attention is causal, aligned to the end of each row; keys
 are walked in tiles of L through the block table (a gather of each key's page), tiles past
 the causal frontier or before the sliding window are skipped, and tiles wholly inside it run
-without masks. The softmax is online, in float32, in base 2 (log2(e) folded into the scale).
+without masks. The softmax is online, in float32, in base 2 (log2(e) folded into the scale);
+that walk is kv_walk.py, shared by all three kinds of program.
 
 Every real row has at least one query token (the runner schedules no empty row), so
 num_seqs <= T: grids are sized from min(R, T), not R.
@@ -36,7 +37,6 @@ num_seqs <= T: grids are sized from min(R, T), not R.
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -44,170 +44,23 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 from jaxtyping import Array, Float, Int
 
+from vjx.kernels.kv_walk import (
+    MASK_VALUE,
+    Geometry,
+    Scoring,
+    Walk,
+    cdiv,
+    div,
+    full_mask,
+    head_rows,
+    normalize,
+    rem,
+    walk_tiles,
+)
 from vjx.kernels.tuning import AttentionTuning, KernelTuning, default_tuning
 
-# Finite, so a fully masked row gives exp2(0) * 0 instead of inf - inf = NaN.
-_MASK_VALUE = -1e30
-_LOG2E = math.log2(math.e)
 # Elements of one merge tile [splits, heads, H] (a few registers a thread).
 _MERGE_TILE = 8192
-
-
-@dataclasses.dataclass(frozen=True)
-class Scoring:
-    """How raw q.k products become logits and which keys a query may see."""
-
-    sm_scale: float
-    sliding_window: int | None = None
-    soft_cap: float | None = None
-
-    def __post_init__(self):
-        if self.sliding_window is not None and self.sliding_window < 1:
-            raise ValueError(f"sliding_window must be >= 1 or None, got {self.sliding_window}.")
-        if self.soft_cap is not None and self.soft_cap <= 0:
-            raise ValueError(f"soft_cap must be > 0 or None, got {self.soft_cap}.")
-
-
-@dataclasses.dataclass(frozen=True)
-class _Geometry:
-    """Static shapes of one launch."""
-
-    num_kv_heads: int  # K
-    group: int  # G
-    head_dim: int  # H
-    page_size: int  # S
-    block_m: int  # M
-    block_k: int  # L
-
-    @property
-    def block_q(self) -> int:
-        """Query tokens per program (its M rows hold block_q tokens x G heads)."""
-        return self.block_m // self.group
-
-
-@dataclasses.dataclass(frozen=True)
-class _Walk:
-    """What one program's KV walk needs: its refs, its query tile and its keys' bound."""
-
-    kv_ref: object
-    block_tables_ref: object
-    row: Array
-    kv_head: Array
-    q: Array  # [M, H]
-    positions: Array  # [M]: each query row's position in its sequence
-    kv_end: Array  # keys at or past this index are not read
-    geometry: _Geometry
-    scoring: Scoring
-
-
-def _div(a: Array, b) -> Array:
-    """a // b for a >= 0 and b > 0: truncating division, which lowers to one instruction
-    (floor division adds sign fix-ups to every index computation)."""
-    return jax.lax.div(a, jnp.asarray(b, a.dtype))
-
-
-def _rem(a: Array, b) -> Array:
-    """a % b for a >= 0 and b > 0."""
-    return jax.lax.rem(a, jnp.asarray(b, a.dtype))
-
-
-def _cdiv(a: Array, b) -> Array:
-    """ceil(a / b) for a >= 0 and b > 0."""
-    return _div(a + b - 1, b)
-
-
-def _dot(a: Array, b: Array, *, contract_b: int) -> Array:
-    """a @ b (contract_b=0) or a @ b.T (contract_b=1), float32 accumulation; float32
-    inputs use full precision (Triton's default for them is tf32)."""
-    precision = jax.lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
-    dims = (((1,), (contract_b,)), ((), ()))
-    return jax.lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
-
-
-def _load_kv(walk: _Walk, which: int, keys: Array, key_mask: Array | None) -> Array:
-    """The [L, H] keys (which=0) or values (which=1) at `keys`, gathered through the block table."""
-    g = walk.geometry
-    pages_ref = walk.block_tables_ref.at[walk.row, _div(keys, g.page_size)]
-    dims = jnp.arange(g.head_dim, dtype=jnp.int32)[None, :]
-    if key_mask is None:
-        page_ids = plgpu.load(pages_ref)
-    else:
-        page_ids = plgpu.load(pages_ref, mask=key_mask, other=0)
-    index = (which, walk.kv_head, page_ids[:, None], _rem(keys, g.page_size)[:, None], dims)
-    if key_mask is None:
-        return plgpu.load(walk.kv_ref.at[index])
-    mask = jnp.broadcast_to(key_mask[:, None], (keys.shape[0], g.head_dim))
-    return plgpu.load(walk.kv_ref.at[index], mask=mask, other=0)
-
-
-def _scores(walk: _Walk, k: Array) -> Array:
-    """Base-2 logits [M, L] of the query tile against one key tile."""
-    s = _dot(walk.q, k, contract_b=1)
-    scoring = walk.scoring
-    if scoring.soft_cap is None:
-        return s * (scoring.sm_scale * _LOG2E)
-    cap = scoring.soft_cap
-    return (cap * _LOG2E) * jnp.tanh(s * (scoring.sm_scale / cap))
-
-
-def _visible(walk: _Walk, keys: Array) -> Array:
-    """[M, L]: key inside the walk's bound, at or before the query, inside its window."""
-    is_visible = (keys < walk.kv_end)[None, :] & (keys[None, :] <= walk.positions[:, None])
-    window = walk.scoring.sliding_window
-    if window is not None:
-        is_visible &= keys[None, :] > walk.positions[:, None] - window
-    return is_visible
-
-
-def _tile_step(tile: Array, carry: tuple, walk: _Walk, is_masked: bool) -> tuple:
-    """Folds key tile `tile` into the running max m, sum l and output acc (float32)."""
-    m, l, acc = carry
-    block_k = walk.geometry.block_k
-    keys = tile * block_k + jnp.arange(block_k, dtype=jnp.int32)
-    key_mask = keys < walk.kv_end if is_masked else None
-    s = _scores(walk, _load_kv(walk, 0, keys, key_mask))
-    if is_masked:
-        is_visible = _visible(walk, keys)
-        s = jnp.where(is_visible, s, _MASK_VALUE)
-    m_new = jnp.maximum(m, jnp.max(s, axis=1))
-    p = jnp.exp2(s - m_new[:, None])
-    if is_masked:
-        p = jnp.where(is_visible, p, 0.0)
-    alpha = jnp.exp2(m - m_new)
-    v = _load_kv(walk, 1, keys, key_mask)
-    acc = acc * alpha[:, None] + _dot(p.astype(v.dtype), v, contract_b=0)
-    return m_new, l * alpha + jnp.sum(p, axis=1), acc
-
-
-def _walk_tiles(walk: _Walk, first_tile: Array, num_full: Array, end_tile: Array) -> tuple:
-    """Tiles [first_tile, first_tile + num_full) unmasked, then masked up to end_tile."""
-    g = walk.geometry
-    carry = (
-        jnp.full((g.block_m,), _MASK_VALUE, jnp.float32),
-        jnp.zeros((g.block_m,), jnp.float32),
-        jnp.zeros((g.block_m, g.head_dim), jnp.float32),
-    )
-    full_end = first_tile + num_full
-    step = functools.partial(_tile_step, walk=walk, is_masked=False)
-    carry = jax.lax.fori_loop(first_tile, full_end, step, carry)
-    step = functools.partial(_tile_step, walk=walk, is_masked=True)
-    return jax.lax.fori_loop(full_end, jnp.maximum(end_tile, full_end), step, carry)
-
-
-def _normalize(l: Array, acc: Array) -> Array:
-    """acc / l, and 0 for rows that saw no key."""
-    safe_l = jnp.where(l > 0.0, l, 1.0)
-    return jnp.where((l > 0.0)[:, None], acc / safe_l[:, None], 0.0)
-
-
-def _head_rows(geometry: _Geometry, num_rows: int) -> tuple[Array, Array]:
-    """Row g of a decode tile is query head g of the kv head; rows >= G are padding."""
-    g_vec = jnp.arange(num_rows, dtype=jnp.int32)
-    return g_vec, g_vec < geometry.group
-
-
-def _full_mask(row_mask: Array, head_dim: int) -> Array:
-    return jnp.broadcast_to(row_mask[:, None], (row_mask.shape[0], head_dim))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,20 +75,20 @@ class _Splits:
 
     def max_splits(self, num_seqs: Array) -> Array:
         """Segments per row at most: several for a few rows, one for many."""
-        per_row = _div(jnp.int32(self.decode_programs), jnp.maximum(num_seqs, 1))
+        per_row = div(jnp.int32(self.decode_programs), jnp.maximum(num_seqs, 1))
         return jnp.minimum(jnp.maximum(per_row, 1), self.max_kv_splits)
 
     def first_key(self, seq_len: Array) -> Array:
         """The first key a decode row reads: 0, or the first of the window's first tile."""
         if self.sliding_window is None:
             return jnp.int32(0)
-        return _div(jnp.maximum(seq_len - self.sliding_window, 0), self.block_k) * self.block_k
+        return div(jnp.maximum(seq_len - self.sliding_window, 0), self.block_k) * self.block_k
 
     def row_splits(self, seq_len: Array, max_splits: Array) -> Array:
         """Segments of one decode row: at most `max_splits`, of `min_tiles_per_split` tiles or
         more each, and at least one."""
-        num_tiles = _cdiv(seq_len - self.first_key(seq_len), self.block_k)
-        return jnp.minimum(jnp.maximum(_cdiv(num_tiles, self.min_tiles_per_split), 1), max_splits)
+        num_tiles = cdiv(seq_len - self.first_key(seq_len), self.block_k)
+        return jnp.minimum(jnp.maximum(cdiv(num_tiles, self.min_tiles_per_split), 1), max_splits)
 
 
 def _decode_segment(
@@ -244,28 +97,28 @@ def _decode_segment(
     """The [start, end) keys of segment `split` of a decode row and the walk over them."""
     g = walk_args["geometry"]
     first = splits.first_key(seq_len)
-    per_split = _cdiv(_cdiv(seq_len - first, num_splits), g.block_k) * g.block_k
+    per_split = cdiv(cdiv(seq_len - first, num_splits), g.block_k) * g.block_k
     start = first + split * per_split
     end = jnp.minimum(start + per_split, seq_len)
     positions = jnp.full((g.block_m,), seq_len - 1, jnp.int32)
-    walk = _Walk(positions=positions, kv_end=end, **walk_args)
-    num_full = _div(jnp.maximum(end - start, 0), g.block_k)
+    walk = Walk(positions=positions, kv_end=end, **walk_args)
+    num_full = div(jnp.maximum(end - start, 0), g.block_k)
     if splits.sliding_window is not None:
         num_full = jnp.int32(0)  # the window's first tile needs the mask
-    return walk, _div(start, g.block_k), num_full, _cdiv(end, g.block_k)
+    return walk, div(start, g.block_k), num_full, cdiv(end, g.block_k)
 
 
 def _decode_kernel(
     query_start_loc_ref, seq_lens_ref, block_tables_ref, num_seqs_ref, q_ref, kv_ref,
-    acc_ref, m_ref, l_ref, out_ref, *, geometry: _Geometry, scoring: Scoring, splits: _Splits,
+    acc_ref, m_ref, l_ref, out_ref, *, geometry: Geometry, scoring: Scoring, splits: _Splits,
 ):
     """Program (c, k): segment c // num_seqs of row c % num_seqs, kv head k -> the row's output
     when it has one segment, else the segment's partials at slot c."""
     program, kv_head = pl.program_id(0), pl.program_id(1)
     num_seqs = num_seqs_ref[0]
     num_rows = jnp.maximum(num_seqs, 1)
-    split = _div(program, num_rows)
-    row = jnp.minimum(_rem(program, num_rows), seq_lens_ref.shape[0] - 1)
+    split = div(program, num_rows)
+    row = jnp.minimum(rem(program, num_rows), seq_lens_ref.shape[0] - 1)
     q_start = query_start_loc_ref[row]
     seq_len = seq_lens_ref[row]
     num_splits = splits.row_splits(seq_len, splits.max_splits(num_seqs))
@@ -274,22 +127,22 @@ def _decode_kernel(
 
     @pl.when(is_active)
     def _():
-        g_vec, is_head = _head_rows(geometry, geometry.block_m)
+        g_vec, is_head = head_rows(geometry, geometry.block_m)
         heads = kv_head * geometry.group + g_vec
         dims = jnp.arange(geometry.head_dim, dtype=jnp.int32)[None, :]
         q_index = (q_start, heads[:, None], dims)
-        q_mask = _full_mask(is_head, geometry.head_dim)
+        q_mask = full_mask(is_head, geometry.head_dim)
         q = plgpu.load(q_ref.at[q_index], mask=q_mask, other=0).astype(kv_ref.dtype)
         walk_args = dict(
             kv_ref=kv_ref, block_tables_ref=block_tables_ref, row=row, kv_head=kv_head,
             q=q, geometry=geometry, scoring=scoring,
         )
         walk, first, num_full, end = _decode_segment(seq_len, split, num_splits, splits, walk_args)
-        m, l, acc = _walk_tiles(walk, first, num_full, end)
+        m, l, acc = walk_tiles(walk, first, num_full, end)
 
         @pl.when(num_splits == 1)
         def _():
-            out = _normalize(l, acc).astype(out_ref.dtype)
+            out = normalize(l, acc).astype(out_ref.dtype)
             plgpu.store(out_ref.at[q_index], out, mask=q_mask)
 
         @pl.when(num_splits > 1)
@@ -315,7 +168,7 @@ class _Refs:
     out: object  # [T, N, H]
 
 
-def _merge_row(row: Array, kv_head: Array, refs: _Refs, geometry: _Geometry, splits: _Splits):
+def _merge_row(row: Array, kv_head: Array, refs: _Refs, geometry: Geometry, splits: _Splits):
     """Folds the segment partials of split decode row `row` in log-sum-exp form and writes its
     output; any other row (one segment, several query tokens, padding) exits at once."""
     num_seqs = refs.num_seqs[0]
@@ -337,22 +190,22 @@ def _merge_row(row: Array, kv_head: Array, refs: _Refs, geometry: _Geometry, spl
 
 
 def _merge_heads(
-    heads: Array, segments: tuple, q_start: Array, kv_head: Array, refs: _Refs, g: _Geometry
+    heads: Array, segments: tuple, q_start: Array, kv_head: Array, refs: _Refs, g: Geometry
 ):
     """Folds query heads `heads` (of kv head `kv_head`) over the segments (slots, is_split)."""
     slots, is_split = segments
     is_head = heads < g.group
     mask = is_split[:, None] & is_head[None, :]  # [splits, heads]
-    m = plgpu.load(refs.m.at[slots[:, None], kv_head, heads[None, :]], mask=mask, other=_MASK_VALUE)
+    m = plgpu.load(refs.m.at[slots[:, None], kv_head, heads[None, :]], mask=mask, other=MASK_VALUE)
     l = plgpu.load(refs.l.at[slots[:, None], kv_head, heads[None, :]], mask=mask, other=0.0)
     weights = jnp.exp2(m - jnp.max(m, axis=0)[None, :])
     dims = jnp.arange(g.head_dim, dtype=jnp.int32)
     index = (slots[:, None, None], kv_head, heads[None, :, None], dims[None, None, :])
     acc = plgpu.load(refs.acc.at[index], mask=mask[:, :, None], other=0.0)
     acc = jnp.sum(acc * weights[:, :, None], axis=0)
-    out = _normalize(jnp.sum(l * weights, axis=0), acc).astype(refs.out.dtype)
+    out = normalize(jnp.sum(l * weights, axis=0), acc).astype(refs.out.dtype)
     index = (q_start, kv_head * g.group + heads[:, None], dims[None, :])
-    plgpu.store(refs.out.at[index], out, mask=_full_mask(is_head, g.head_dim))
+    plgpu.store(refs.out.at[index], out, mask=full_mask(is_head, g.head_dim))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -379,7 +232,7 @@ def _find_block(refs: _Refs, block: Array, block_q: int) -> tuple[_QueryBlock, A
     hi = jnp.where(r == num_seqs, refs.q.shape[0], hi)
     q_len = hi - lo
     has_blocks = jnp.where(r < num_seqs, q_len > 1, (r == num_seqs) & (q_len > 0))
-    num_blocks = jnp.where(has_blocks, _cdiv(q_len, block_q), 0)
+    num_blocks = jnp.where(has_blocks, cdiv(q_len, block_q), 0)
     ends = jax.lax.cumsum(num_blocks, axis=0)
     row = jnp.sum((ends <= block).astype(jnp.int32))
 
@@ -391,41 +244,41 @@ def _find_block(refs: _Refs, block: Array, block_q: int) -> tuple[_QueryBlock, A
     return _QueryBlock(row, start, pick(hi), first_token), block < jnp.sum(num_blocks)
 
 
-def _block_index(qb: _QueryBlock, kv_head: Array, g: _Geometry) -> tuple:
+def _block_index(qb: _QueryBlock, kv_head: Array, g: Geometry) -> tuple:
     """The [M, H] index of a query block's (token, head) rows in [T, N, H], and its mask."""
     m_vec = jnp.arange(g.block_m, dtype=jnp.int32)
-    tokens = qb.first_token + _div(m_vec, g.group)
-    heads = kv_head * g.group + _rem(m_vec, g.group)
+    tokens = qb.first_token + div(m_vec, g.group)
+    heads = kv_head * g.group + rem(m_vec, g.group)
     is_row = (m_vec < g.block_q * g.group) & (tokens < qb.end)
     dims = jnp.arange(g.head_dim, dtype=jnp.int32)[None, :]
-    return (tokens[:, None], heads[:, None], dims), _full_mask(is_row, g.head_dim)
+    return (tokens[:, None], heads[:, None], dims), full_mask(is_row, g.head_dim)
 
 
-def _prefill_block(qb: _QueryBlock, kv_head: Array, refs: _Refs, g: _Geometry, scoring: Scoring):
+def _prefill_block(qb: _QueryBlock, kv_head: Array, refs: _Refs, g: Geometry, scoring: Scoring):
     """Attends one query block of a row with several query tokens and writes its output."""
     index, mask = _block_index(qb, kv_head, g)
     q = plgpu.load(refs.q.at[index], mask=mask, other=0).astype(refs.kv.dtype)
     seq_len = refs.seq_lens[qb.row]
     first_pos = seq_len - (qb.end - qb.start) + (qb.first_token - qb.start)
     last_pos = jnp.minimum(first_pos + g.block_q - 1, seq_len - 1)
-    walk = _Walk(
+    walk = Walk(
         kv_ref=refs.kv, block_tables_ref=refs.block_tables, row=qb.row, kv_head=kv_head, q=q,
-        positions=first_pos + _div(jnp.arange(g.block_m, dtype=jnp.int32), g.group),
+        positions=first_pos + div(jnp.arange(g.block_m, dtype=jnp.int32), g.group),
         kv_end=seq_len, geometry=g, scoring=scoring,
     )
-    end_tile = _cdiv(last_pos + 1, g.block_k)
+    end_tile = cdiv(last_pos + 1, g.block_k)
     if scoring.sliding_window is None:
-        first_tile, num_full = jnp.int32(0), _div(first_pos + 1, g.block_k)
+        first_tile, num_full = jnp.int32(0), div(first_pos + 1, g.block_k)
     else:
-        first_tile = _div(jnp.maximum(first_pos - scoring.sliding_window + 1, 0), g.block_k)
+        first_tile = div(jnp.maximum(first_pos - scoring.sliding_window + 1, 0), g.block_k)
         num_full = jnp.int32(0)
-    _, l, acc = _walk_tiles(walk, first_tile, num_full, end_tile)
-    plgpu.store(refs.out.at[index], _normalize(l, acc).astype(refs.out.dtype), mask=mask)
+    _, l, acc = walk_tiles(walk, first_tile, num_full, end_tile)
+    plgpu.store(refs.out.at[index], normalize(l, acc).astype(refs.out.dtype), mask=mask)
 
 
 def _merge_prefill_kernel(
     query_start_loc_ref, seq_lens_ref, block_tables_ref, num_seqs_ref, q_ref, kv_ref,
-    acc_ref, m_ref, l_ref, _out_in_ref, out_ref, *, prefill: _Geometry, decode: _Geometry,
+    acc_ref, m_ref, l_ref, _out_in_ref, out_ref, *, prefill: Geometry, decode: Geometry,
     scoring: Scoring, splits: _Splits, num_blocks: int,
 ):
     """Program (p, k), kv head k: query block num_blocks - 1 - p (the last blocks first) for
@@ -528,7 +381,7 @@ def ragged_paged_attention(
         q, kv_cache, query_start_loc, seq_lens, block_tables, num_seqs, scoring, interpret
     )
     group = num_heads // num_kv_heads
-    decode = _Geometry(
+    decode = Geometry(
         num_kv_heads, group, head_dim, page_size,
         block_m=max(16, pl.next_power_of_2(group)), block_k=tuning.decode.block_k,
     )
@@ -544,7 +397,7 @@ def ragged_paged_attention(
     return _merge_prefill(step, (decode, prefill), splits, tuning.prefill, buffers)
 
 
-def _decode(step: _Step, g: _Geometry, splits: _Splits, tuning: KernelTuning) -> tuple:
+def _decode(step: _Step, g: Geometry, splits: _Splits, tuning: KernelTuning) -> tuple:
     """Launch 1: float32 partials [C, K, G, H] (acc), [C, K, G] (max, sum) of the split rows'
     segments, and the output [T, N, H] with the rows of one segment written."""
     num_rows = step.max_rows
