@@ -61,7 +61,7 @@ class ModelRunner:
         self.graphdef, state = nnx.split(model)
         self.param_leaves, self.treedef = jax.tree.flatten(state)
         self.layouts = {
-            t: StepLayout(t, self.max_num_reqs, min(t, self.max_num_reqs), max_blocks,
+            t: StepLayout(t, min(t, self.max_num_reqs), self.max_num_reqs, max_blocks,
                           config.model_config.max_logprobs)
             for t in token_buckets(sched.max_num_batched_tokens)
         }

@@ -52,7 +52,7 @@ def _sampling_metadata(layout: StepLayout, f: dict, history, slot_tables) -> Sam
     """Sampled row i is attention row i (rows are in the same order); padding rows have no
     tokens, so no penalty touches them. The history is gathered only when some row needs it;
     the bias table goes to the sampler whole and is read there only for rows with a bias."""
-    rs = layout.num_sampled
+    rs = layout.num_reqs
     slot_bias, slot_bad_words = slot_tables
     num_tokens = jnp.where(jnp.arange(rs) < f["num_seqs"][0], f["seq_lens"][:rs], 0)
     bad_words = slot_bad_words[f["sample_slots"]]
@@ -98,11 +98,11 @@ def _empty_logprobs(num_rows: int, k: int):
 def _sample_logprobs(layout: StepLayout, logits, sampled, num_logprobs):
     """Logprobs of the raw logits for the sampled tokens, when some row asked for them."""
     if not layout.features.has_logprobs:
-        return _empty_logprobs(layout.num_sampled, layout.max_logprobs)
+        return _empty_logprobs(layout.num_reqs, layout.max_logprobs)
     return jax.lax.cond(
         jnp.any(num_logprobs >= 0),
         lambda: compute_logprobs(logits, sampled, layout.max_logprobs),
-        lambda: _empty_logprobs(layout.num_sampled, layout.max_logprobs),
+        lambda: _empty_logprobs(layout.num_reqs, layout.max_logprobs),
     )
 
 
@@ -148,7 +148,7 @@ def model_step(layout: StepLayout, graphdef, treedef, param_leaves, kv_caches, h
     sampled = sample(logits, _sampling_metadata(layout, f, history, slot_tables))
     logprobs = _sample_logprobs(layout, logits, sampled, f["num_logprobs"])
     prompt_logprobs = _prompt_logprobs(layout, model, hidden, f["prompt_logprobs_targets"])
-    sampled = jnp.pad(sampled, (0, layout.num_reqs - layout.num_sampled))
+    sampled = jnp.pad(sampled, (0, layout.max_num_reqs - layout.num_reqs))
     return kv_caches, history, sampled, logprobs, prompt_logprobs
 
 
@@ -171,7 +171,7 @@ def compile_step(layout: StepLayout, graphdef, treedef, param_leaves, kv_caches,
         donate_argnums=(1, 2),
     )
     structs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
-    prev_sampled = jax.ShapeDtypeStruct((layout.num_reqs,), jnp.int32, sharding=replicated)
+    prev_sampled = jax.ShapeDtypeStruct((layout.max_num_reqs,), jnp.int32, sharding=replicated)
     packed = jax.ShapeDtypeStruct((layout.size,), jnp.int32, sharding=replicated)
     with jax.set_mesh(mesh):
         return fn.lower(*structs, prev_sampled, packed).compile()

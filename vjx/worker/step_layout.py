@@ -3,8 +3,8 @@
 Every input of a step travels in ONE int32 buffer (float fields bit-cast into it), moved
 with one transfer and sliced on the device at static offsets.
 
-Legend: T tokens (the bucket), R attention rows (`max_num_seqs`), Rs sampled rows
-(`min(T, max_num_seqs)`), W block table width.
+Legend: T tokens (the bucket), R request rows, each attended and sampled: `min(T,
+max_num_seqs)`, since every scheduled row has at least one token; W block table width.
 """
 
 import dataclasses
@@ -62,14 +62,14 @@ class StepLayout:
 
     num_tokens: int  # T
     num_reqs: int  # R
-    num_sampled: int  # Rs
+    max_num_reqs: int  # length of the sampled-token array, the same for every bucket
     max_num_blocks_per_req: int  # W
     max_logprobs: int  # K: static width of the logprobs the step returns
     features: StepFeatures = GENERAL
 
     @functools.cached_property
     def shapes(self) -> dict[str, tuple[int, ...]]:
-        t, r, rs = self.num_tokens, self.num_reqs, self.num_sampled
+        t, r = self.num_tokens, self.num_reqs
         return {
             # per token
             "input_ids": (t,),
@@ -82,23 +82,23 @@ class StepLayout:
             "query_start_loc": (r + 1,),
             "seq_lens": (r,),
             "num_seqs": (1,),
-            # per sampled row
-            "logits_indices": (rs,),
-            "sample_slots": (rs,),
-            "temperature": (rs,),
-            "top_k": (rs,),
-            "top_p": (rs,),
-            "min_p": (rs,),
-            "presence_penalty": (rs,),
-            "frequency_penalty": (rs,),
-            "repetition_penalty": (rs,),
-            "seeds": (rs,),
-            "sample_positions": (rs,),
-            "num_prompt_tokens": (rs,),
-            "num_logprobs": (rs,),  # -1: none
-            "is_below_min_tokens": (rs,),
-            "has_logit_bias": (rs,),
-            "stop_token_ids": (rs, MAX_MIN_TOKENS_STOP_IDS),  # padded with -1
+            # per sampled row (row i is attention row i)
+            "logits_indices": (r,),
+            "sample_slots": (r,),
+            "temperature": (r,),
+            "top_k": (r,),
+            "top_p": (r,),
+            "min_p": (r,),
+            "presence_penalty": (r,),
+            "frequency_penalty": (r,),
+            "repetition_penalty": (r,),
+            "seeds": (r,),
+            "sample_positions": (r,),
+            "num_prompt_tokens": (r,),
+            "num_logprobs": (r,),  # -1: none
+            "is_below_min_tokens": (r,),
+            "has_logit_bias": (r,),
+            "stop_token_ids": (r, MAX_MIN_TOKENS_STOP_IDS),  # padded with -1
             # last, so the fields before it are cleared with one fill (see PackedBuffer)
             "block_tables": (r, self.max_num_blocks_per_req),
         }
