@@ -1,5 +1,5 @@
-"""PackedBuffer: rewriting only the block table's used corner leaves the buffer exactly as a
-whole refill would, step after step."""
+"""PackedBuffer: resetting the other fields to their padding and rewriting only the block
+table's used corner leaves the buffer exactly as a whole refill would, step after step."""
 
 import numpy as np
 
@@ -27,9 +27,11 @@ def test_each_step_equals_a_whole_refill():
         rows = rng.permutation(NUM_REQS)[: rng.integers(1, NUM_REQS + 1)]
         buffer.data[:head] = rng.integers(-9, 9, head)  # what the last step left in the other fields
 
-        buffer.clear()
+        buffer.reset()
         buffer.set_block_tables(table, rows, int(num_blocks[rows].max()))
 
         expected = np.zeros(layout.size, np.int32)
+        for name, value in layout.padding.items():
+            layout.view(expected, name)[...] = value
         layout.view(expected, "block_tables")[: len(rows)] = table[rows]
         np.testing.assert_array_equal(buffer.data, expected)

@@ -28,7 +28,7 @@ from vjx.sharding.placement import filled
 from vjx.worker.compile_watch import CompileWatch
 from vjx.worker.input_batch import CachedRequestState, InputBatch
 from vjx.worker.slot_tables import SlotTables
-from vjx.worker.step import compile_step, enable_compilation_cache
+from vjx.worker.step import compile_step
 from vjx.worker.step_layout import GENERAL, PLAIN, PackedBuffer, StepFeatures, StepLayout, token_buckets
 from vjx.worker.step_outputs import StepRecord, collect_logprobs
 
@@ -83,7 +83,6 @@ class ModelRunner:
         side in threads (XLA compiles and executable loads run outside the GIL; tracing does
         not); returns the seconds spent. `executable_cache` (an `ExecutableCache`) supplies
         the variants compiled by an earlier start and keeps the new ones."""
-        enable_compilation_cache()
         start = time.perf_counter()
         variants = [(t, features) for t in self.layouts for features in (PLAIN, GENERAL)]
         with concurrent.futures.ThreadPoolExecutor(min(len(variants), os.cpu_count() or 1)) as pool:
@@ -216,7 +215,7 @@ class ModelRunner:
         batch = self.input_batch
         self._num_steps += 1
         buffer = self._packed[layout.num_tokens][self._num_steps % 2]
-        buffer.clear()
+        buffer.reset()
         f = buffer.fields
         num_rows, total = len(rows), int(num_tokens.sum())
         start = batch.num_computed_tokens[rows]
@@ -228,14 +227,11 @@ class ModelRunner:
         # A token not on the host yet was sampled by the last dispatched step, for the
         # request that holds the same slot now (a request changes slots only off the batch).
         is_pending = positions >= batch.num_tokens[token_rows]
-        f["prev_sampled_index"][:] = -1
         f["prev_sampled_index"][:total][is_pending] = self._sample_index_by_slot[token_rows[is_pending]]
         num_pending = np.bincount(row_of_token[is_pending], minlength=num_rows)
         f["positions"][:total] = positions
-        f["token_slots"][:] = self.max_num_reqs
         f["token_slots"][:total] = token_rows
         targets = f["prompt_logprobs_targets"]
-        targets[:] = -1
         has_target = ((batch.num_prompt_logprobs[token_rows] >= 0)
                       & (positions + 1 < batch.num_prompt_tokens[token_rows]))
         targets[:total][has_target] = batch.token_ids_cpu[token_rows[has_target], positions[has_target] + 1]
@@ -265,23 +261,19 @@ class ModelRunner:
         f["logits_indices"][:num_rows] = logits_indices
         f["temperature"][:num_rows] = batch.temperature[rows]
         f["top_k"][:num_rows] = batch.top_k[rows]
-        f["top_p"][:] = 1.0
         f["top_p"][:num_rows] = batch.top_p[rows]
         f["seeds"][:num_rows] = batch.seeds[rows]
         f["sample_slots"][:num_rows] = rows
         f["min_p"][:num_rows] = batch.min_p[rows]
         f["presence_penalty"][:num_rows] = batch.presence_penalty[rows]
         f["frequency_penalty"][:num_rows] = batch.frequency_penalty[rows]
-        f["repetition_penalty"][:] = 1.0
         f["repetition_penalty"][:num_rows] = batch.repetition_penalty[rows]
         f["num_prompt_tokens"][:num_rows] = batch.num_prompt_tokens[rows]
-        f["num_logprobs"][:] = -1
         f["num_logprobs"][:num_rows] = batch.num_logprobs[rows]
         f["has_logit_bias"][:num_rows] = batch.has_logit_bias[rows]
         num_outputs = batch.num_tokens[rows] + num_pending - batch.num_prompt_tokens[rows]
         f["sample_positions"][:num_rows] = num_outputs
         f["is_below_min_tokens"][:num_rows] = num_outputs < batch.min_tokens[rows]
-        f["stop_token_ids"][:] = -1
         f["stop_token_ids"][:num_rows] = batch.min_tokens_stop_ids[rows]
 
     def _collect(self, record: StepRecord, sampled, logprobs, prompt_logprobs) -> ModelRunnerOutput:

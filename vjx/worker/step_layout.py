@@ -112,6 +112,20 @@ class StepLayout:
             start += size
         return offsets
 
+    @functools.cached_property
+    def padding(self) -> dict[str, float | int]:
+        """The value of each field's entries that no token or row of the step fills (fields
+        not named here pad with 0)."""
+        return {
+            "prev_sampled_index": -1,
+            "token_slots": self.max_num_reqs,  # the history's scratch row
+            "prompt_logprobs_targets": -1,
+            "top_p": 1.0,
+            "repetition_penalty": 1.0,
+            "num_logprobs": -1,
+            "stop_token_ids": -1,
+        }
+
     @property
     def size(self) -> int:
         return max(end for _, end in self.fields.values())
@@ -136,9 +150,9 @@ class StepLayout:
 class PackedBuffer:
     """One host buffer of a layout, reused step after step, with a view of every field.
 
-    Every field but the block table is cleared and rewritten each step. The block table is
-    most of the buffer (R x W) and mostly zeros (the scratch block, past each row's last
-    block), so only its used corner changes: the rows x blocks the buffer's previous step
+    Every field but the block table is reset to its padding and rewritten each step. The
+    block table is most of the buffer (R x W) and mostly zeros (the scratch block, past each
+    row's last block), so only its used corner changes: the rows x blocks the buffer's previous step
     wrote are cleared, then this step's are copied in. The buffer then holds exactly what a
     whole refill would give.
     """
@@ -146,13 +160,16 @@ class PackedBuffer:
     def __init__(self, layout: StepLayout):
         self.data = np.zeros(layout.size, np.int32)
         self.fields = {name: layout.view(self.data, name) for name in layout.shapes}
+        for name, value in layout.padding.items():
+            self.fields[name][...] = value
         self._head = self.data[: layout.fields["block_tables"][0]]
+        self._padding = self._head.copy()
         self._table_extent = (0, 0)
         """(rows, blocks) of the block table's corner that holds entries."""
 
-    def clear(self) -> None:
-        """Zeroes every field but the block table."""
-        self._head.fill(0)
+    def reset(self) -> None:
+        """Every field but the block table back to its padding (`StepLayout.padding`), in one copy."""
+        np.copyto(self._head, self._padding)
 
     def set_block_tables(self, block_table: np.ndarray, rows: np.ndarray, num_blocks: int) -> None:
         """Rows `rows` of `block_table` (entries past `num_blocks` are all zero) as rows 0.. ."""
