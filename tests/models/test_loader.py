@@ -52,8 +52,8 @@ def test_dummy_weights_have_real_shapes_and_are_not_zero():
     attn = model.model.layers[1].self_attn
     mlp = model.model.layers[1].mlp
     assert model.model.embed_tokens.embedding.shape == (VOCAB, HIDDEN)
-    assert attn.q_proj.kernel.shape == (HIDDEN, HEADS, HEAD_DIM)
-    assert attn.k_proj.kernel.shape == (HIDDEN, KV_HEADS, HEAD_DIM)
+    assert attn.qkv_proj.kernel.shape == (HIDDEN, KV_HEADS, HEADS // KV_HEADS + 2, HEAD_DIM)
+    assert mlp.gate_up_proj.kernel.shape == (HIDDEN, 2, MLP)
     assert attn.o_proj.kernel.shape == (HEADS, HEAD_DIM, HIDDEN)
     assert mlp.down_proj.kernel.shape == (MLP, HIDDEN)
     assert model.lm_head.kernel.shape == (HIDDEN, VOCAB)
@@ -61,7 +61,7 @@ def test_dummy_weights_have_real_shapes_and_are_not_zero():
         assert value.dtype == jnp.float32
         assert np.all(np.asarray(value) != 0.0)
     np.testing.assert_array_equal(model.model.norm.weight[...], np.ones(HIDDEN, np.float32))
-    std = float(jnp.std(attn.q_proj.kernel[...]))
+    std = float(jnp.std(attn.qkv_proj.kernel[...]))
     assert 0.015 < std < 0.025
 
 
@@ -70,7 +70,7 @@ def test_dummy_weights_follow_the_seed():
     first = get_model(model_config(config, seed=3), ReferenceBackend())
     again = get_model(model_config(config, seed=3), ReferenceBackend())
     other = get_model(model_config(config, seed=4), ReferenceBackend())
-    kernel = lambda m: np.asarray(m.model.layers[0].mlp.up_proj.kernel[...])  # noqa: E731
+    kernel = lambda m: np.asarray(m.model.layers[0].mlp.gate_up_proj.kernel[...])  # noqa: E731
     np.testing.assert_array_equal(kernel(first), kernel(again))
     assert not np.array_equal(kernel(first), kernel(other))
 
@@ -100,10 +100,10 @@ def test_bfloat16_load_casts_checkpoint_and_runs(tmp_path):
     config = model_config(hf_model.config, tmp_path, dtype="bfloat16", load_format="auto")
     model = get_model(config, ReferenceBackend())
     q_weight = hf_model.model.layers[0].self_attn.q_proj.weight.detach().numpy()
-    kernel = model.model.layers[0].self_attn.q_proj.kernel[...]
+    kernel = model.model.layers[0].self_attn.qkv_proj.kernel[...]
     assert kernel.dtype == jnp.bfloat16
     expected = q_weight.T.reshape(HIDDEN, HEADS, HEAD_DIM).astype(jnp.bfloat16)
-    np.testing.assert_array_equal(np.asarray(kernel), expected)
+    np.testing.assert_array_equal(np.asarray(kernel[:, :, :-2]).reshape(expected.shape), expected)
     logits = run_one_token(model)
     assert logits.dtype == jnp.float32 and logits.shape == (1, VOCAB)
     assert np.isfinite(np.asarray(logits)).all()
@@ -144,9 +144,9 @@ def test_mesh_places_params_by_logical_axes(tmp_path):
     mesh = Mesh(np.asarray(jax.devices()[:1]), ("model",))
     config = model_config(tiny_config(), tmp_path, load_format="auto")
     model = get_model(config, ReferenceBackend(), mesh=mesh)
-    q_proj = model.model.layers[0].self_attn.q_proj.kernel
-    assert logical_axes_of(q_proj) == ("embed", "heads", "head_dim")
-    assert q_proj[...].sharding == NamedSharding(mesh, PartitionSpec(None, "model", None))
+    qkv_proj = model.model.layers[0].self_attn.qkv_proj.kernel
+    assert logical_axes_of(qkv_proj) == ("embed", "kv_heads", "qkv", "head_dim")
+    assert qkv_proj[...].sharding == NamedSharding(mesh, PartitionSpec(None, "model", None, None))
     norm = model.model.norm.weight
     assert norm[...].sharding == NamedSharding(mesh, PartitionSpec(None))
 
@@ -188,3 +188,14 @@ def test_rules_table_maps_tp_axes_to_model_and_rejects_unknown_names():
     assert logical_to_mesh_axes(("embed", "mlp")) == PartitionSpec(None, "model")
     with pytest.raises(ValueError, match="experts"):
         logical_to_mesh_axes(("experts",))
+
+
+def test_fused_part_of_the_wrong_shape_is_named(tmp_path):
+    save_hf(tmp_path, tiny_config())
+    path = tmp_path / "model.safetensors"
+    tensors = safetensors.torch.load_file(path)
+    tensors["model.layers.0.self_attn.k_proj.weight"] = torch.ones(HEAD_DIM, HIDDEN)
+    safetensors.torch.save_file(tensors, path)
+    config = model_config(tiny_config(), tmp_path, load_format="auto")
+    with pytest.raises(ValueError, match=r"model\.layers\.0\.self_attn\.k_proj\.weight.*\(16, 64\)"):
+        get_model(config, ReferenceBackend())

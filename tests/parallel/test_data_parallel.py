@@ -48,7 +48,7 @@ def test_in_process_replicas_equal_one_device(model_dir, reference_tokens):
     model = workers[1].model
     assert model.lm_head is None
     assert model.model.embed_tokens.embedding[...].sharding.spec == P("model", None)
-    assert model.model.layers[0].self_attn.q_proj.bias[...].sharding.spec == P("model", None)
+    assert model.model.layers[0].self_attn.qkv_proj.bias[...].sharding.spec == P("model", None, None)
     assert _greedy(llm) == reference_tokens
     stats = [core.make_stats() for core in client.engine_cores]
     assert all(s.num_scheduled_tokens > 0 for s in stats)

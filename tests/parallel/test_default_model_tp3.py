@@ -31,7 +31,7 @@ def test_tp3_greedy_tokens_equal_one_device():
     assert tokens == expected
     assert [len(t) for t in tokens] == [GREEDY.max_tokens] * len(PROMPTS)
     attn = worker.model.model.layers[0].self_attn
-    assert attn.k_proj.kernel[...].shape == (576, 3, 64)
-    assert attn.k_proj.kernel[...].sharding.spec == P(None, "model", None)
-    assert {s.data.shape for s in attn.q_proj.kernel[...].addressable_shards} == {(576, 3, 64)}
+    assert attn.qkv_proj.kernel[...].shape == (576, 3, 5, 64)
+    assert attn.qkv_proj.kernel[...].sharding.spec == P(None, "model", None, None)
+    assert {s.data.shape for s in attn.qkv_proj.kernel[...].addressable_shards} == {(576, 1, 5, 64)}
     assert worker.model_runner.kv_caches[0].sharding.spec == P(None, None, None, "model", None)

@@ -78,12 +78,9 @@ def test_param_shardings_follow_the_rules_table(tp4_kv2_llm):
     model = _worker(tp4_kv2_llm).model
     attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
     expected = {
-        "q_proj": (attn.q_proj.kernel, P(None, "model", None)),
-        "k_proj": (attn.k_proj.kernel, P(None, "model", None)),
-        "v_proj": (attn.v_proj.kernel, P(None, "model", None)),
+        "qkv_proj": (attn.qkv_proj.kernel, P(None, "model", None, None)),
         "o_proj": (attn.o_proj.kernel, P("model", None, None)),
-        "gate_proj": (mlp.gate_proj.kernel, P(None, "model")),
-        "up_proj": (mlp.up_proj.kernel, P(None, "model")),
+        "gate_up_proj": (mlp.gate_up_proj.kernel, P(None, None, "model")),
         "down_proj": (mlp.down_proj.kernel, P("model", None)),
         "embed_tokens": (model.model.embed_tokens.embedding, P("model", None)),
         "lm_head": (model.lm_head.kernel, P(None, "model")),
@@ -95,16 +92,23 @@ def test_param_shardings_follow_the_rules_table(tp4_kv2_llm):
 
 
 def test_kv_heads_are_repeated_at_load_time(tp4_kv2_llm, model_dirs):
-    """2 KV heads over 4 devices: each head is stored twice, one whole head per device."""
+    """2 KV heads over 4 devices: each head is stored twice, one whole head per device, and
+    each copy takes half of its group's query heads along in the fused q/k/v kernel."""
     import transformers
 
-    hf_model = transformers.LlamaForCausalLM.from_pretrained(model_dirs[2])
-    weight = hf_model.model.layers[1].self_attn.k_proj.weight.detach().numpy()  # [K*H, D]
-    kernel = _worker(tp4_kv2_llm).model.model.layers[1].self_attn.k_proj.kernel[...]
-    assert kernel.shape == (weight.shape[1], 4, weight.shape[0] // 2)
-    expected = np.repeat(weight.T.reshape(weight.shape[1], 2, -1), 2, axis=1)
-    np.testing.assert_array_equal(np.asarray(kernel), expected)
-    assert {shard.data.shape for shard in kernel.addressable_shards} == {(weight.shape[1], 1, weight.shape[0] // 2)}
+    hf_attn = transformers.LlamaForCausalLM.from_pretrained(model_dirs[2]).model.layers[1].self_attn
+    q, k, v = (proj.weight.detach().numpy() for proj in (hf_attn.q_proj, hf_attn.k_proj, hf_attn.v_proj))
+    hidden, head_dim = k.shape[1], k.shape[0] // 2
+    kernel = np.asarray(_worker(tp4_kv2_llm).model.model.layers[1].self_attn.qkv_proj.kernel[...])
+    num_q = q.shape[0] // head_dim // 4
+    assert kernel.shape == (hidden, 4, num_q + 2, head_dim)
+    np.testing.assert_array_equal(kernel[:, :, :num_q].reshape(hidden, -1, head_dim),
+                                  q.T.reshape(hidden, -1, head_dim))
+    for part, weight in ((num_q, k), (num_q + 1, v)):
+        expected = np.repeat(weight.T.reshape(hidden, 2, head_dim), 2, axis=1)
+        np.testing.assert_array_equal(kernel[:, :, part], expected)
+    shards = _worker(tp4_kv2_llm).model.model.layers[1].self_attn.qkv_proj.kernel[...].addressable_shards
+    assert {shard.data.shape for shard in shards} == {(hidden, 1, num_q + 2, head_dim)}
 
 
 def test_kv_cache_is_sharded_over_kv_heads(tp4_kv2_llm):

@@ -54,10 +54,10 @@ def test_safetensors_load_never_places_a_whole_sharded_weight(tmp_path, spies):
     assert not puts
     for shape, shard_shape, block_shape in blocks:
         assert block_shape == shard_shape
-    # 7 projections per layer, the embedding and the LM head: one quarter per device. The
-    # 5 norms are replicated, read once.
+    # 4 projections per layer (q/k/v and gate/up fused), the embedding and the LM head: one
+    # quarter per device. The 5 norms are replicated, read once.
     sharded = [b for b in blocks if b[1] != b[0]]
-    assert len(sharded) == (2 * 7 + 2) * 4
+    assert len(sharded) == (2 * 4 + 2) * 4
     assert len(blocks) == len(sharded) + 5
     for param in _params(model):
         assert len(param.addressable_shards) == 4
@@ -77,11 +77,16 @@ def test_dummy_weights_do_not_depend_on_the_mesh():
     mesh = make_mesh(ParallelConfig(tensor_parallel_size=8))
     eight = get_model(config, ShardedBackend(ReferenceBackend()), mesh=mesh)
     for layer_one, layer_eight in zip(one.model.layers, eight.model.layers):
-        q_one, q_eight = layer_one.self_attn.q_proj.kernel[...], layer_eight.self_attn.q_proj.kernel[...]
-        np.testing.assert_array_equal(np.asarray(q_one), np.asarray(q_eight))
-        v_one, v_eight = layer_one.self_attn.v_proj.kernel[...], layer_eight.self_attn.v_proj.kernel[...]
-        assert v_eight.shape == (64, 8, 8)  # 2 KV heads, each repeated on 4 of the 8 devices
-        np.testing.assert_array_equal(np.repeat(np.asarray(v_one), 4, axis=1), np.asarray(v_eight))
+        one_kernel = np.asarray(layer_one.self_attn.qkv_proj.kernel[...])
+        eight_kernel = np.asarray(layer_eight.self_attn.qkv_proj.kernel[...])
+        # 2 KV heads, each repeated on 4 of the 8 devices with a quarter of its query heads.
+        num_q = one_kernel.shape[2] - 2
+        assert eight_kernel.shape == (64, 8, num_q // 4 + 2, 8)
+        np.testing.assert_array_equal(one_kernel[:, :, :num_q].reshape(64, -1, 8),
+                                      eight_kernel[:, :, :-2].reshape(64, -1, 8))
+        np.testing.assert_array_equal(np.repeat(one_kernel[:, :, -2:], 4, axis=1), eight_kernel[:, :, -2:])
+        gate_up_one = np.asarray(layer_one.mlp.gate_up_proj.kernel[...])
+        np.testing.assert_array_equal(gate_up_one, np.asarray(layer_eight.mlp.gate_up_proj.kernel[...]))
     np.testing.assert_array_equal(np.asarray(one.lm_head.kernel[...]), np.asarray(eight.lm_head.kernel[...]))
 
 
@@ -91,4 +96,4 @@ def test_hf_config_is_not_changed_by_the_repeat(tmp_path):
     mesh = make_mesh(ParallelConfig(tensor_parallel_size=4))
     model = get_model(_model_config(tmp_path, hf_config), ShardedBackend(ReferenceBackend()), mesh=mesh)
     assert hf_config.num_key_value_heads == 1
-    assert model.model.layers[0].self_attn.k_proj.kernel[...].shape == (64, 4, 8)
+    assert model.model.layers[0].self_attn.qkv_proj.kernel[...].shape[:2] == (64, 4)

@@ -4,7 +4,9 @@ Legend: T tokens, R rows whose logits are wanted, D hidden, N query heads, K kv 
 H head dim, F MLP width, V vocab.
 
 Module attribute paths follow Hugging Face's parameter names (`model.layers.0.self_attn.
-q_proj`), so the loader maps a checkpoint tensor to its param by name alone. Compute runs
+o_proj`), so the loader maps a checkpoint tensor to its param by name alone; the fused
+`qkv_proj` and `gate_up_proj` (vLLM's names) are filled from the `q_proj`, `k_proj`,
+`v_proj` and `gate_proj`, `up_proj` tensors beside them. Compute runs
 in the model dtype; norms and the attention softmax run in float32, as in HF.
 """
 
@@ -18,7 +20,7 @@ from jaxtyping import Array, Float, Int
 
 from vjx.attention.backend import AttentionBackend
 from vjx.attention.metadata import AttentionMetadata
-from vjx.models.layers.linear import Embedding, Linear
+from vjx.models.layers.linear import Embedding, Linear, MergedLinear, QKVLinear
 from vjx.models.layers.norm import RMSNorm
 from vjx.models.layers.rotary import RotaryEmbedding
 from vjx.sharding.constraints import constrain
@@ -75,9 +77,7 @@ class LlamaAttention(nnx.Module):
     def __init__(self, args: LlamaArgs, rotary: RotaryEmbedding, *, dtype, backend, rngs):
         D, N, K, H = args.hidden_size, args.num_heads, args.num_kv_heads, args.head_dim
         kwargs = dict(use_bias=args.attention_bias, dtype=dtype, rngs=rngs)
-        self.q_proj = Linear("TD,DNH->TNH", (D, N, H), ("embed", "heads", "head_dim"), **kwargs)
-        self.k_proj = Linear("TD,DKH->TKH", (D, K, H), ("embed", "kv_heads", "head_dim"), **kwargs)
-        self.v_proj = Linear("TD,DKH->TKH", (D, K, H), ("embed", "kv_heads", "head_dim"), **kwargs)
+        self.qkv_proj = QKVLinear(D, N, K, H, **kwargs)
         self.o_proj = Linear("TNH,NHD->TD", (N, H, D), ("heads", "head_dim", "embed"), **kwargs)
         self.rotary = rotary
         self.backend = backend
@@ -91,9 +91,9 @@ class LlamaAttention(nnx.Module):
         kv_cache: Array,
         md: AttentionMetadata,
     ) -> tuple[Float[Array, "T D"], Array]:
-        q_TNH = self.rotary(self.q_proj(x), positions)
-        k_TKH = self.rotary(self.k_proj(x), positions)
-        v_TKH = self.v_proj(x)
+        q_TNH, k_TKH, v_TKH = self.qkv_proj(x)
+        q_TNH = self.rotary(q_TNH, positions)
+        k_TKH = self.rotary(k_TKH, positions)
         out_TNH, kv_cache = self.backend.forward(
             q_TNH, k_TKH, v_TKH, kv_cache, md,
             sm_scale=self.sm_scale, sliding_window=self.sliding_window,
@@ -102,19 +102,19 @@ class LlamaAttention(nnx.Module):
 
 
 class LlamaMLP(nnx.Module):
-    """SwiGLU: down(act(gate(x)) * up(x))."""
+    """SwiGLU: down(act(gate(x)) * up(x)), gate and up in one GEMM."""
 
     def __init__(self, args: LlamaArgs, *, dtype, rngs):
         D, F = args.hidden_size, args.intermediate_size
         kwargs = dict(use_bias=args.mlp_bias, dtype=dtype, rngs=rngs)
-        self.gate_proj = Linear("TD,DF->TF", (D, F), ("embed", "mlp"), **kwargs)
-        self.up_proj = Linear("TD,DF->TF", (D, F), ("embed", "mlp"), **kwargs)
+        self.gate_up_proj = MergedLinear(("gate_proj", "up_proj"), D, F, ("embed", "mlp"), **kwargs)
         self.down_proj = Linear("TF,FD->TD", (F, D), ("mlp", "embed"), **kwargs)
         self.hidden_act = args.hidden_act
 
     def __call__(self, x: Float[Array, "T D"]) -> Float[Array, "T D"]:
         act = _ACTIVATIONS[self.hidden_act]
-        return self.down_proj(act(self.gate_proj(x)) * self.up_proj(x))
+        gate_TF, up_TF = self.gate_up_proj(x)
+        return self.down_proj(act(gate_TF) * up_TF)
 
 
 class LlamaDecoderLayer(nnx.Module):

@@ -9,7 +9,10 @@ has more `model` devices than the model has KV heads, K/V projections are repeat
 at this point (vjx/sharding/placement.py), so their params hold the repeated heads.
 
 A checkpoint tensor's name is the param's module path plus the layer's HF name for it:
-`model.layers.0.self_attn.q_proj.weight` fills `model.layers[0].self_attn.q_proj.kernel`.
+`model.layers.0.self_attn.o_proj.weight` fills `model.layers[0].self_attn.o_proj.kernel`. A
+fused layer takes several tensors, named after its `HF_PARTS` beside it:
+`model.layers.0.self_attn.{q,k,v}_proj.weight` fill `model.layers[0].self_attn.qkv_proj.kernel`,
+which is placed once all of its parts are read.
 """
 
 import dataclasses
@@ -55,11 +58,14 @@ _DERIVED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 @dataclasses.dataclass(frozen=True)
 class _ParamSlot:
-    """Where one checkpoint tensor goes: the layer that lays it out and the param it fills."""
+    """Where one checkpoint tensor goes: the layer that lays it out, the param it fills, and
+    which of the layer's `num_parts` parts it is."""
 
     layer: nnx.Module
     attr: str
     param: nnx.Param
+    part: int
+    num_parts: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,13 +79,12 @@ class _Placement:
             return SingleDeviceSharding(jax.devices()[0])
         return logical_sharding(self.mesh, logical_axes_of(param))
 
-    def kv_heads(self, param: nnx.Param) -> tuple[int, int]:
-        """(axis of the KV heads, copies of each) of `param`; (0, 1) for other params."""
+    def kv_head_replicas(self, param: nnx.Param) -> int:
+        """Copies of each KV head of `param` (1 for params without KV heads)."""
         axes = logical_axes_of(param)
         if "kv_heads" not in axes:
-            return 0, 1
-        axis = axes.index("kv_heads")
-        return axis, kv_head_replicas(param.shape[axis], model_axis_size(self.mesh))
+            return 1
+        return kv_head_replicas(param.shape[axes.index("kv_heads")], model_axis_size(self.mesh))
 
 
 class _ShapeOnlyRngs(nnx.Rngs):
@@ -120,16 +125,19 @@ def get_model(
 
 
 def _param_slots(model: nnx.Module) -> dict[str, _ParamSlot]:
-    """Every param of `model`, keyed by the name its checkpoint tensor has."""
+    """Every param of `model`, keyed by the names its checkpoint tensors have (one per part)."""
     slots = {}
     for path, node in nnx.iter_graph(model):
         if not isinstance(node, nnx.Module) or not getattr(node, "HF_NAMES", None):
             continue
-        prefix = ".".join(str(part) for part in path)
+        names = [str(part) for part in path]
+        prefixes = [".".join(names[:-1] + [part]) for part in node.HF_PARTS] or [".".join(names)]
         for hf_leaf, attr in node.HF_NAMES.items():
             param = getattr(node, attr)
-            if param is not None:
-                slots[f"{prefix}.{hf_leaf}"] = _ParamSlot(layer=node, attr=attr, param=param)
+            if param is None:
+                continue
+            for part, prefix in enumerate(prefixes):
+                slots[f"{prefix}.{hf_leaf}"] = _ParamSlot(node, attr, param, part, len(prefixes))
     return slots
 
 
@@ -137,28 +145,30 @@ def _fill_dummy(slots: dict[str, _ParamSlot], seed: int, placement: _Placement) 
     """Random normal params (norm weights: ones), drawn on the devices in the param dtype.
 
     Each device draws only its own block (JAX's partitionable threefry), and the values do not
-    depend on the mesh, so every layout holds the same model."""
+    depend on the mesh, so every layout holds the same model. A fused param is drawn once,
+    under the name of its first part."""
     for index, name in enumerate(sorted(slots)):
-        param = slots[name].param
-        is_norm = logical_axes_of(param) == ("norm",)
-        make = _dummy_fn(param.shape, param.dtype, placement.sharding(param), is_norm,
-                         placement.kv_heads(param))
+        slot = slots[name]
+        if slot.part:
+            continue
+        param = slot.param
+        make = _dummy_fn(param.shape, param.dtype, placement.sharding(param),
+                         logical_axes_of(param), placement.kv_head_replicas(param))
         param.set_value(make(jnp.uint32(seed), jnp.uint32(index)))
 
 
 @functools.lru_cache(maxsize=None)
-def _dummy_fn(shape: tuple[int, ...], dtype: jnp.dtype, sharding: Sharding, is_norm: bool,
-              kv_heads: tuple[int, int]):
-    """One compiled generator per (shape, dtype, sharding, kind, KV head repeats), shared by
+def _dummy_fn(shape: tuple[int, ...], dtype: jnp.dtype, sharding: Sharding,
+              logical_axes: tuple[str | None, ...], replicas: int):
+    """One compiled generator per (shape, dtype, sharding, axes, KV head repeats), shared by
     all layers."""
-    axis, replicas = kv_heads
 
     def make(seed, index):
-        if is_norm:
+        if logical_axes == ("norm",):
             return jnp.ones(shape, dtype)
         key = jax.random.fold_in(jax.random.key(seed), index)
         value = jax.random.normal(key, shape, dtype) * jnp.asarray(INIT_STDDEV, dtype)
-        return jnp.repeat(value, replicas, axis=axis)
+        return repeat_kv_heads(value, logical_axes, replicas)
 
     return jax.jit(make, out_shardings=sharding)
 
@@ -167,6 +177,7 @@ def _fill_from_safetensors(
     slots: dict[str, _ParamSlot], directory: pathlib.Path, is_tied: bool, placement: _Placement
 ) -> None:
     loaded = set()
+    pending: dict[int, dict[int, tuple[str, np.ndarray]]] = {}
     for path in _safetensors_files(directory):
         for name, tensor in _read_safetensors(path):
             if name.endswith(_DERIVED_SUFFIXES) or (is_tied and name == "lm_head.weight"):
@@ -177,18 +188,31 @@ def _fill_from_safetensors(
                     f"expected names like {sorted(slots)[:3]}."
                 )
             slot = slots[name]
-            value = slot.layer.to_param_layout(slot.attr, tensor)
-            if value.shape != slot.param.shape:
-                raise ValueError(
-                    f"tensor {name!r} in {path} has shape {tensor.shape}, which does not fit "
-                    f"the param's shape {slot.param.shape}."
-                )
-            value = repeat_kv_heads(value, *placement.kv_heads(slot.param))
-            slot.param.set_value(place(value, slot.param.dtype, placement.sharding(slot.param)))
             loaded.add(name)
+            parts = pending.setdefault(id(slot.param), {})
+            parts[slot.part] = (name, tensor)
+            if len(parts) == slot.num_parts:
+                del pending[id(slot.param)]
+                _fill_param(slot, [parts[part] for part in range(slot.num_parts)], placement)
     missing = sorted(set(slots) - loaded)
     if missing:
         raise ValueError(f"the checkpoint in {directory} lacks tensors {missing}.")
+
+
+def _fill_param(slot: _ParamSlot, parts: list[tuple[str, np.ndarray]], placement: _Placement) -> None:
+    """Lays out the (name, tensor) parts of one param, repeats its KV heads, places it."""
+    param = slot.param
+    shapes = {name: tensor.shape for name, tensor in parts}
+    try:
+        value = slot.layer.to_param_layout(slot.attr, [tensor for _, tensor in parts])
+    except ValueError:
+        value = None
+    if value is None or value.shape != param.shape:
+        raise ValueError(
+            f"tensors with shapes {shapes} do not fit the param's shape {param.shape}."
+        )
+    value = repeat_kv_heads(value, logical_axes_of(param), placement.kv_head_replicas(param))
+    param.set_value(place(value, param.dtype, placement.sharding(param)))
 
 
 def _safetensors_files(directory: pathlib.Path) -> list[pathlib.Path]:

@@ -8,7 +8,8 @@ copy is staged on one device first.
 When a model has fewer KV heads than devices on `model`, each KV head is repeated at load
 time so that every device holds whole heads: head k becomes heads k*r .. k*r + r - 1 for
 r = tensor_parallel_size / num_kv_heads. Query head n then still reads (a copy of) its own
-KV head n // (num_heads / num_kv_heads), and the KV cache holds the repeated heads.
+KV head n // (num_heads / num_kv_heads), and the KV cache holds the repeated heads. In the
+fused q/k/v projection, each copy takes 1 / r of its group's query heads along.
 """
 
 import functools
@@ -37,9 +38,26 @@ def kv_head_replicas(num_kv_heads: int, tensor_parallel_size: int) -> int:
     return tensor_parallel_size // num_kv_heads
 
 
-def repeat_kv_heads(tensor: np.ndarray, axis: int, replicas: int) -> np.ndarray:
-    """Each KV head of `tensor` (heads along `axis`) repeated `replicas` times, in place order."""
-    return tensor if replicas == 1 else np.repeat(tensor, replicas, axis=axis)
+def repeat_kv_heads(tensor, logical_axes: tuple[str | None, ...], replicas: int):
+    """`tensor` (numpy or jax) with each KV head on its `kv_heads` axis repeated `replicas`
+    times, in place order; other tensors unchanged.
+
+    A fused q/k/v tensor (a `qkv` axis right after `kv_heads`: each kv head's G query heads,
+    then its key and value head) instead splits each group's query heads over the copies:
+    copy j of kv head k keeps query heads k * G + j * G / r .. + G / r - 1, so query head n
+    still meets (a copy of) kv head n // G, and each copy is a whole group of the new layout.
+    """
+    if replicas == 1 or "kv_heads" not in logical_axes:
+        return tensor
+    xp = np if isinstance(tensor, np.ndarray) else jnp
+    axis = logical_axes.index("kv_heads")
+    if "qkv" not in logical_axes:
+        return xp.repeat(tensor, replicas, axis=axis)
+    num_q = tensor.shape[axis + 1] - 2
+    q, kv = xp.split(tensor, [num_q], axis=axis + 1)
+    shape = q.shape
+    q = q.reshape(*shape[:axis], shape[axis] * replicas, num_q // replicas, *shape[axis + 2:])
+    return xp.concatenate([q, xp.repeat(kv, replicas, axis=axis)], axis=axis + 1)
 
 
 def place(host: np.ndarray, dtype, sharding: Sharding) -> jax.Array:

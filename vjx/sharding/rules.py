@@ -19,6 +19,7 @@ LOGICAL_AXIS_RULES: dict[str, str | None] = {
     "heads": "model",
     "kv_heads": "model",
     "head_dim": None,
+    "qkv": None,
     "mlp": "model",
     "norm": None,
 }

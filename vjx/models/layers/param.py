@@ -6,6 +6,7 @@ Flax's eager sharding stays off for them: the names are logical, not mesh axes, 
 loader places each param itself through the rules table.
 """
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 import jax
@@ -31,11 +32,16 @@ def logical_axes_of(param: nnx.Variable) -> tuple[str | None, ...]:
 class HFParamLayer:
     """A layer whose params come from Hugging Face tensors of the same module path.
 
-    `HF_NAMES` maps the HF tensor's last name part to the param attribute; `to_param_layout`
-    turns the HF tensor into the param's layout (the default keeps it, up to a reshape).
+    `HF_NAMES` maps the HF tensor's last name part to the param attribute. A layer that fuses
+    several checkpoint modules names them in `HF_PARTS` (siblings of its own path: a
+    `qkv_proj` is filled from `q_proj`, `k_proj` and `v_proj`); otherwise its own path is the
+    one part. `to_param_layout` turns the part tensors, in `HF_PARTS` order, into the param's
+    layout (the default keeps the one tensor, up to a reshape).
     """
 
     HF_NAMES: ClassVar[dict[str, str]] = {}
+    HF_PARTS: tuple[str, ...] = ()
 
-    def to_param_layout(self, attr: str, tensor: np.ndarray) -> np.ndarray:
+    def to_param_layout(self, attr: str, tensors: Sequence[np.ndarray]) -> np.ndarray:
+        (tensor,) = tensors
         return tensor.reshape(getattr(self, attr).shape)
