@@ -7,7 +7,9 @@ The write is one XLA scatter into the `[2, K, P, S, H]` cache at (page, offset) 
 compiles the write and checks the optimized HLO). Scattering through a `[2, K, P * S, H]`
 reshape instead made XLA copy the whole cache when K is 1 (one kv head per device). Padding tokens carry slots inside block 0,
 the scratch block no request owns, so they need no mask; they may collide there, and the
-scratch contents are unspecified.
+scratch contents are unspecified. The scatter is declared `unique_indices` (true of every
+real token's slot; the padding collisions land in scratch), so XLA writes the rows with
+plain stores: an H200 step with 256 tokens spent 14 us a layer in the write without it.
 """
 
 import jax.numpy as jnp
@@ -23,4 +25,4 @@ def write_kv_cache(
     """Scatters token t's k/v rows to slot `slot_mapping[t]` (block * S + offset)."""
     page_size = kv_cache.shape[3]
     updates = jnp.stack([k, v]).swapaxes(1, 2).astype(kv_cache.dtype)  # [2, K, T, H]
-    return kv_cache.at[:, :, slot_mapping // page_size, slot_mapping % page_size].set(updates)
+    return kv_cache.at[:, :, slot_mapping // page_size, slot_mapping % page_size].set(updates, unique_indices=True)

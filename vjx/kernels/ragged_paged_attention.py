@@ -288,8 +288,13 @@ def _merge_prefill_kernel(
         acc_ref, m_ref, l_ref, out_ref,
     )
     program, kv_head = pl.program_id(0), pl.program_id(1)
+    # In a decode-only step the only blocks are the padding row's: the programs past them
+    # exit on two scalar loads instead of placing their block.
+    real_tokens = query_start_loc_ref[num_seqs_ref[0]]
+    padding_blocks = cdiv(q_ref.shape[0] - real_tokens, prefill.block_q)
+    is_past = (real_tokens == num_seqs_ref[0]) & (num_blocks - 1 - program >= padding_blocks)
 
-    @pl.when(program < num_blocks)
+    @pl.when((program < num_blocks) & ~is_past)
     def _():
         qb, is_block = _find_block(refs, num_blocks - 1 - program, prefill.block_q)
         is_padding = qb.row == num_seqs_ref[0]
