@@ -13,7 +13,7 @@ from tests.sampling.metadata_helpers import make_metadata, pad_rows, reference_p
 
 # The metadata stays unchecked: `jit(...).lower` rebuilds pytrees with placeholder leaves.
 with install_import_hook("vjx.sampling.sampler", "beartype.beartype"):
-    from vjx.sampling.sampler import _argmax, sample
+    from vjx.sampling.sampler import sample
 with install_import_hook("vjx.sampling.top_k_top_p", "beartype.beartype"):
     from vjx.sampling.top_k_top_p import SubsetShape, apply_top_k_top_p
 
@@ -313,16 +313,3 @@ def test_static_flags_leave_out_what_the_batch_does_not_use():
     greedy = dataclasses.replace(plain, temperature=jnp.zeros(num_rows), all_greedy=True)
     assert "cond" not in str(jax.make_jaxpr(sample)(jnp.asarray(logits), greedy))
     np.testing.assert_array_equal(_sample(logits, greedy), logits.argmax(-1))
-
-
-@pytest.mark.parametrize("vocab", [128_256, 1_009, 7])
-def test_two_stage_argmax_is_jnp_argmax(vocab):
-    """The first index of the maximum, ties, NaN and all -inf rows included, for a vocabulary
-    of many chunks, a prime one (one chunk) and a small one."""
-    rng = np.random.default_rng(vocab)
-    ties = rng.integers(-3, 4, size=(37, vocab)).astype(np.float32)
-    odd = rng.standard_normal((4, vocab)).astype(np.float32)
-    odd[1, vocab // 2] = np.nan
-    odd[2, :] = -np.inf
-    for logits in (ties, odd):
-        np.testing.assert_array_equal(np.asarray(jax.jit(_argmax)(logits)), np.asarray(jnp.argmax(logits, -1)))
