@@ -9,7 +9,7 @@ reshape instead made XLA copy the whole cache when K is 1 (one kv head per devic
 the scratch block no request owns, so they need no mask; they may collide there, and the
 scratch contents are unspecified. The scatter is declared `unique_indices` (true of every
 real token's slot; the padding collisions land in scratch), so XLA writes the rows with
-plain stores: an H200 step with 256 tokens spent 14 us a layer in the write without it.
+plain stores (H200, a 256-token step of Llama-3.1-8B shapes: 14 us a layer -> 3.8 us).
 """
 
 import jax.numpy as jnp
