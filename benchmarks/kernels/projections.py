@@ -1,0 +1,83 @@
+"""A decoder layer's projection GEMMs through XLA at decode batch sizes: q, k, v and gate, up
+as separate weights against vLLM's fused `qkv_proj` and `gate_up_proj` (what vjx's Llama uses).
+
+    python -m benchmarks.kernels.projections --model benchmarks/configs/llama-3.1-8b \
+        --num-tokens 1 8 64 256 --output-json projections.json
+
+Each case jits `--layers` products with distinct weights (random normal bf16, like a model's
+layers, so nothing is served from the L2 cache) and reports per layer: the kernels' time
+(CUPTI sum on a GPU, else the host clock), and the effective TB/s of the weight bytes. `o` and
+`down` have no fused form: their two columns time the same product twice (the run's spread).
+"""
+
+import argparse
+import json
+import pathlib
+import sys
+
+import jax
+import jax.numpy as jnp
+
+from benchmarks import harness
+from benchmarks.kernels.attention_cases import gpu_time_ms
+
+HEADER = ["tokens", "projection", "separate us", "fused us", "separate TB/s", "fused TB/s"]
+
+
+def projection_shapes(config: dict) -> dict[str, tuple[list[tuple[int, int]], list[tuple[int, int]]]]:
+    """{projection: ([(in, out)] of the separate weights, [(in, out)] of the fused one)}."""
+    hidden, mlp = config["hidden_size"], config["intermediate_size"]
+    heads = config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or hidden // heads
+    q, kv = heads * head_dim, kv_heads * head_dim
+    return {
+        "qkv": ([(hidden, q), (hidden, kv), (hidden, kv)], [(hidden, q + 2 * kv)]),
+        "gate_up": ([(hidden, mlp), (hidden, mlp)], [(hidden, 2 * mlp)]),
+        "o": ([(q, hidden)], [(q, hidden)]),
+        "down": ([(mlp, hidden)], [(mlp, hidden)]),
+    }
+
+
+def time_per_layer_us(num_tokens: int, shapes: list[tuple[int, int]], layers: int, key) -> float:
+    """One jitted call of `layers` layers' products of these shapes; us per layer."""
+    weights = [[jax.random.normal(jax.random.fold_in(key, 1000 * i + layer), shape, jnp.bfloat16) * 0.02
+                for layer in range(layers)] for i, shape in enumerate(shapes)]
+    x = jax.random.normal(jax.random.fold_in(key, 7), (num_tokens, shapes[0][0]), jnp.bfloat16)
+    step = jax.jit(lambda x, weights: [x @ w for per_shape in weights for w in per_shape])
+    ms, _ = gpu_time_ms(lambda: step(x, weights))
+    return ms * 1e3 / layers
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="A directory with the HF config.json.")
+    parser.add_argument("--num-tokens", type=int, nargs="+", default=[1, 8, 64, 256])
+    parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--output-json", default=None)
+    args = parser.parse_args(argv)
+    if args.layers < 1 or min(args.num_tokens) < 1:
+        raise ValueError(f"layers and num_tokens must be >= 1, got {args.layers} and {args.num_tokens}.")
+    config = json.loads((pathlib.Path(args.model) / "config.json").read_text())
+    platform_name, device = harness.jax_device()
+    result = harness.run_metadata("projections", harness.ENGINE_NAME, platform_name, device, args.model)
+    result.update({"layers": args.layers, "runs": []})
+    key = jax.random.key(0)
+    harness.print_header(HEADER)
+    for num_tokens in args.num_tokens:
+        for name, (separate, fused) in projection_shapes(config).items():
+            weight_bytes = 2 * sum(i * o for i, o in fused)
+            times = {kind: time_per_layer_us(num_tokens, shapes, args.layers, key)
+                     for kind, shapes in (("separate", separate), ("fused", fused))}
+            run = {"num_tokens": num_tokens, "projection": name, "weight_bytes": weight_bytes,
+                   **{f"{kind}_us": us for kind, us in times.items()}}
+            result["runs"].append(run)
+            tbps = [weight_bytes / (times[kind] * 1e-6) / 1e12 for kind in ("separate", "fused")]
+            harness.print_row([str(num_tokens), name, f"{times['separate']:.1f}", f"{times['fused']:.1f}",
+                               f"{tbps[0]:.2f}", f"{tbps[1]:.2f}"])
+            harness.write_json(args.output_json, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
