@@ -1,5 +1,6 @@
 """LLM: offline generation with vLLM's interface (`from vjx import LLM`)."""
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 
@@ -9,7 +10,7 @@ from vjx.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from vjx.engine.llm_engine import LLMEngine
 from vjx.engine_args import EngineArgs
 from vjx.outputs import RequestOutput
-from vjx.sampling_params import SamplingParams
+from vjx.sampling_params import RequestOutputKind, SamplingParams
 
 
 class LLM:
@@ -66,7 +67,10 @@ class LLM:
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         params = self._params_per_prompt(len(prompts), sampling_params)
-        request_ids = self._add_requests(prompts, params)
+        # Only the finished outputs are returned, as in vLLM: building the others would cost
+        # per token (the caller's params are copied, not changed).
+        final_only = {id(sp): dataclasses.replace(sp, output_kind=RequestOutputKind.FINAL_ONLY) for sp in params}
+        request_ids = self._add_requests(prompts, [final_only[id(sp)] for sp in params])
         return self._run_engine(request_ids, use_tqdm)
 
     def chat(

@@ -1,7 +1,10 @@
 """StepProfiler: phase times per step, and the engine's `profile_host` wiring."""
 
+import gc
 import logging
 import time
+
+import pytest
 
 from vjx.engine.step_profiler import PHASES, StepProfiler
 
@@ -22,16 +25,32 @@ def test_phases_accumulate_and_log_every_interval(caplog):
     assert sum("host profile over" in r.message for r in caplog.records) == 2
 
 
-def test_engine_profiles_every_step():
-    from tests.test_llm import LARGE_ARGS, PROMPTS
-    from vjx import LLM, SamplingParams
+@pytest.fixture(scope="module")
+def profiled_llm():
+    """One engine with `profile_host`, started with nothing frozen: any freeze seen is its own."""
+    from tests.test_llm import LARGE_ARGS
+    from vjx import LLM
 
-    llm = LLM(**LARGE_ARGS, profile_host=True)
-    llm.generate(PROMPTS[:4], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False)
-    core = llm.llm_engine.engine_core.engine_core
+    gc.unfreeze()
+    return LLM(**LARGE_ARGS, profile_host=True)
+
+
+def test_engine_profiles_every_step(profiled_llm):
+    from tests.test_llm import PROMPTS
+    from vjx import SamplingParams
+
+    profiled_llm.generate(PROMPTS[:4], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+    core = profiled_llm.llm_engine.engine_core.engine_core
     means = core.profiler.means()
     # One prefill step, then one decode step per further token (async scheduling may add a last
     # empty step).
     assert core.profiler.num_steps >= 8
     assert all(means[phase] > 0 for phase in PHASES)
     assert means["host"] < means["wall"]
+
+
+def test_engine_start_up_freezes_the_heap(profiled_llm):
+    """Full collections skip what start-up built: the engine core is in no GC generation."""
+    core = profiled_llm.llm_engine.engine_core.engine_core
+    assert gc.get_freeze_count() > 0
+    assert not any(obj is core.scheduler for obj in gc.get_objects())

@@ -177,11 +177,17 @@ class KVCacheManager:
         blocks = None if manager is None else manager.req_to_blocks.get(request.request_id)
         if blocks is None:
             return False
-        end = min(request.num_computed_tokens + num_new_tokens, self.max_model_len)
+        # Plain comparisons rather than min(): this runs for every request every step.
+        end = request.num_computed_tokens + num_new_tokens
+        if end > self.max_model_len:
+            end = self.max_model_len
         if end > len(blocks) * self.block_size:
             return False
-        num_full_blocks = min(end, request.num_tokens) // self.block_size
-        return not self.enable_caching or num_full_blocks <= manager.num_cached_block[request.request_id]
+        if not self.enable_caching:
+            return True
+        num_tokens = len(request.all_token_ids)
+        num_full_blocks = (end if end < num_tokens else num_tokens) // self.block_size
+        return num_full_blocks <= manager.num_cached_block[request.request_id]
 
     def _update_block_hashes(self, request: Request) -> None:
         request.block_hashes.extend(

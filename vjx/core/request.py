@@ -100,7 +100,9 @@ class Request:
 
     def append_output_token_ids(self, token_ids: int | list[int]) -> None:
         if isinstance(token_ids, int):
-            token_ids = (token_ids,)
+            self.output_token_ids.append(token_ids)
+            self.all_token_ids.append(token_ids)
+            return
         self.output_token_ids.extend(token_ids)
         self.all_token_ids.extend(token_ids)
 

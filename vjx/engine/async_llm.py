@@ -8,6 +8,7 @@ validates the request before returning) yields from that queue. `RequestStatsLis
 """
 
 import asyncio
+import gc
 import time
 from collections.abc import AsyncGenerator
 from typing import Protocol, runtime_checkable
@@ -15,6 +16,7 @@ from typing import Protocol, runtime_checkable
 import transformers
 
 from vjx.core.sched.stats import SchedulerStats
+from vjx.engine.core import freeze_gc_heap
 from vjx.engine.core_client import START_TIMEOUT_S, AsyncMPClient
 from vjx.engine.exceptions import EngineDeadError, EngineRequestError
 from vjx.engine.input_processor import InputProcessor
@@ -64,6 +66,8 @@ class AsyncLLM:
         self.request_queues: dict[str, asyncio.Queue] = {}
         self.stats_listeners = list(stats_listeners or [])
         self._output_handler: asyncio.Task | None = None
+        # The front end's start-up heap (tokenizer, engine client) is out of the collector's reach.
+        freeze_gc_heap()
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "AsyncLLM":
@@ -193,6 +197,7 @@ class AsyncLLM:
         if self._output_handler is not None:
             self._output_handler.cancel()
         self.engine_core.shutdown()
+        gc.unfreeze()
 
 
 class RequestOutputStream:

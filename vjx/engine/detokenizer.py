@@ -87,10 +87,10 @@ class IncrementalDetokenizer:
             # SamplingParams refuses stop strings without detokenization: nothing to find.
             self._token_ids.extend(new_token_ids)
             return None
-        decoded_ids = list(new_token_ids)
+        decoded_ids = new_token_ids
         skipped_stop_token_id = None
         if finish_reason == FinishReason.STOP and not self.include_stop_str_in_output and decoded_ids:
-            skipped_stop_token_id = decoded_ids.pop()
+            decoded_ids, skipped_stop_token_id = decoded_ids[:-1], decoded_ids[-1]
         for token_id in decoded_ids:
             num_prev_chars = len(self.output_text)
             self._token_ids.append(token_id)
@@ -123,10 +123,9 @@ class IncrementalDetokenizer:
         Empty while they end in an incomplete UTF-8 sequence (unless `is_final`) or add no
         text (skipped special tokens); the window then grows until they do.
         """
-        window = self._token_ids[self._prefix_offset :]
-        num_read = self._read_offset - self._prefix_offset
-        prefix_text = self._decode(window[:num_read])
-        new_text = self._decode(window)
+        token_ids, prefix_offset = self._token_ids, self._prefix_offset
+        prefix_text = self._decode(token_ids[prefix_offset : self._read_offset])
+        new_text = self._decode(token_ids[prefix_offset:])
         if len(new_text) <= len(prefix_text):
             return ""
         if new_text.endswith(_REPLACEMENT_CHAR) and not is_final:

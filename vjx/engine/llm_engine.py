@@ -1,10 +1,12 @@
 """LLMEngine: the synchronous front end (tokenize, run EngineCore, detokenize)."""
 
+import gc
 import logging
 import time
 
 import transformers
 
+from vjx.engine.core import freeze_gc_heap
 from vjx.engine.core_client import InprocClient, SyncMPClient
 from vjx.engine.exceptions import EngineRequestError
 from vjx.engine.messages import EngineCoreRequest
@@ -52,6 +54,9 @@ class LLMEngine:
             self.engine_core = InprocClient(self.config)
         self.log_stats = not engine_args.disable_log_stats
         self._last_stats_time = time.monotonic()
+        if self.config.multiprocess:
+            # In-process, EngineCore froze the heap, the tokenizer included, as it started.
+            freeze_gc_heap()
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
@@ -95,6 +100,8 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         self.engine_core.shutdown()
+        # What start-up froze can be collected again (in-process, the whole engine).
+        gc.unfreeze()
 
     def has_unfinished_requests(self) -> bool:
         return self.output_processor.has_unfinished_requests()

@@ -53,11 +53,14 @@ class RequestState:
         string finished a request EngineCore still runs)."""
         self.num_cached_tokens = output.num_cached_tokens
         finish_reason, stop_reason = output.finish_reason, output.stop_reason
-        num_tokens_before = self.detokenizer.num_output_tokens
-        stop_string = self.detokenizer.update(output.new_token_ids, finish_reason)
-        num_kept = self.detokenizer.num_output_tokens - num_tokens_before
-        self.logprobs_processor.update_prompt_logprobs(output.new_prompt_logprobs)
-        self.logprobs_processor.update_sample_logprobs(output.new_logprobs, num_kept)
+        detokenizer = self.detokenizer
+        num_tokens_before = detokenizer.num_output_tokens
+        stop_string = detokenizer.update(output.new_token_ids, finish_reason)
+        if output.new_prompt_logprobs is not None:
+            self.logprobs_processor.update_prompt_logprobs(output.new_prompt_logprobs)
+        if output.new_logprobs is not None:
+            num_kept = detokenizer.num_output_tokens - num_tokens_before
+            self.logprobs_processor.update_sample_logprobs(output.new_logprobs, num_kept)
         if stop_string is None:
             return finish_reason, stop_reason, False
         return FinishReason.STOP, stop_string, finish_reason is None
@@ -72,7 +75,9 @@ class RequestState:
             return None
         is_delta = self.output_kind == RequestOutputKind.DELTA
         start = self._num_sent_tokens if is_delta else 0
-        token_ids = self.detokenizer.output_token_ids[start:]
+        token_ids = self.detokenizer.output_token_ids  # a copy already
+        if start:
+            token_ids = token_ids[start:]
         logprobs = self.logprobs_processor.logprobs
         if logprobs is not None:
             logprobs = logprobs[start:]
@@ -153,7 +158,7 @@ class OutputProcessor:
             state = self.request_states.get(output.request_id)
             if state is None:
                 continue
-            if not output.new_token_ids and not output.finished:
+            if not output.new_token_ids and output.finish_reason is None:
                 # Prompt logprobs of a chunk, if any, wait for the first token.
                 state.logprobs_processor.update_prompt_logprobs(output.new_prompt_logprobs)
                 continue
@@ -174,10 +179,10 @@ class OutputProcessor:
             if parent.request_id not in pending_parent_ids:
                 pending_parent_ids.add(parent.request_id)
                 pending.append(parent)
-        request_outputs = [p.make_request_output() if isinstance(p, ParentRequest) else p for p in pending]
-        return OutputProcessorOutput(
-            request_outputs=[o for o in request_outputs if o is not None], reqs_to_abort=reqs_to_abort
-        )
+        if pending_parent_ids:
+            pending = [p.make_request_output() if isinstance(p, ParentRequest) else p for p in pending]
+            pending = [o for o in pending if o is not None]
+        return OutputProcessorOutput(request_outputs=pending, reqs_to_abort=reqs_to_abort)
 
     def _forget(self, state: RequestState) -> None:
         """Stops tracking a finished request, and its parent once every child is done."""

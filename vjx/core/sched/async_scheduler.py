@@ -15,8 +15,8 @@ token for it is dropped (the step ran one wasted row, as in vLLM).
 
 from vjx.config import CacheConfig, SchedulerConfig
 from vjx.core.request import Request, RequestStatus
-from vjx.core.sched.output import SchedulerOutput
 from vjx.core.sched.scheduler import Scheduler
+from vjx.core.sched.utils import append_until_stop
 
 
 class AsyncScheduler(Scheduler):
@@ -48,12 +48,13 @@ class AsyncScheduler(Scheduler):
             return 0
         return num_tokens - num_computed_tokens
 
-    def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
-        super()._update_after_schedule(scheduler_output)
+    def _advance_computed_tokens(self, num_scheduled_tokens: dict[str, int]) -> None:
+        # Advances the tokens and counts the placeholders in one pass (every request, every step).
         placeholders = self.num_output_placeholders
         requests = self.requests
-        for req_id in scheduler_output.num_scheduled_tokens:
+        for req_id, num_tokens in num_scheduled_tokens.items():
             request = requests[req_id]
+            request.num_computed_tokens += num_tokens
             num_placeholders = placeholders.get(req_id, 0)
             if request.num_computed_tokens == request.num_tokens + num_placeholders:
                 # The step reaches the request's last token, so it samples the next one.
@@ -69,7 +70,7 @@ class AsyncScheduler(Scheduler):
         self.num_output_placeholders[request.request_id] = num_placeholders - len(
             sampled_token_ids
         )
-        return super()._update_request_with_output(request, sampled_token_ids)
+        return append_until_stop(request, sampled_token_ids, self.max_model_len)
 
     def _free_request(self, request: Request) -> None:
         self.num_output_placeholders.pop(request.request_id, None)

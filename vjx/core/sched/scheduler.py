@@ -9,33 +9,9 @@ from vjx.core.request import Request, RequestStatus
 from vjx.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from vjx.core.sched.request_queue import SchedulingPolicy, create_request_queue
 from vjx.core.sched.stats import SchedulerStats
+from vjx.core.sched.utils import append_until_stop
 from vjx.engine.messages import EngineCoreOutput, EngineCoreOutputs
 from vjx.outputs import ModelRunnerOutput
-
-
-def check_stop(request: Request, max_model_len: int) -> bool:
-    """Finish the request if its last token ends it (stop strings are the front end's job).
-
-    EOS and stop tokens count only once `min_tokens` are out, and are checked before the
-    length limits, so an EOS that is also the last allowed token reports "stop".
-    """
-    params = request.sampling_params
-    last_token_id = request.output_token_ids[-1]
-    if request.num_output_tokens >= params.min_tokens:
-        if not params.ignore_eos and last_token_id == request.eos_token_id:
-            request.status = RequestStatus.FINISHED_STOPPED
-            return True
-        if last_token_id in params.stop_token_ids:
-            request.status = RequestStatus.FINISHED_STOPPED
-            request.stop_reason = last_token_id
-            return True
-    max_tokens = request.max_tokens
-    if request.num_tokens >= max_model_len or (
-        max_tokens is not None and request.num_output_tokens >= max_tokens
-    ):
-        request.status = RequestStatus.FINISHED_LENGTH_CAPPED
-        return True
-    return False
 
 
 def _verify_config(
@@ -179,7 +155,8 @@ class Scheduler:
                 # Every token it has is computed or in flight: nothing to do until they land.
                 req_index += 1
                 continue
-            num_new_tokens = min(num_new_tokens, plan.token_budget)
+            if num_new_tokens > plan.token_budget:
+                num_new_tokens = plan.token_budget
             new_blocks = manager.allocate_slots(request, num_new_tokens)
             if new_blocks is None:
                 req_index, new_blocks = self._preempt_until_allocated(
@@ -309,14 +286,18 @@ class Scheduler:
         )
 
     def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
-        # Advancing now lets the next step be scheduled before this one's tokens are back.
-        requests = self.requests
-        for req_id, num_scheduled_tokens in scheduler_output.num_scheduled_tokens.items():
-            requests[req_id].num_computed_tokens += num_scheduled_tokens
+        self._advance_computed_tokens(scheduler_output.num_scheduled_tokens)
         self.finished_req_ids = set()
         if scheduler_output.total_num_scheduled_tokens:
             self.num_steps += 1
             self.num_scheduled_tokens += scheduler_output.total_num_scheduled_tokens
+
+    def _advance_computed_tokens(self, num_scheduled_tokens: dict[str, int]) -> None:
+        """Counts the step's tokens as computed now, so that the next step can be scheduled
+        before this one's tokens are back."""
+        requests = self.requests
+        for req_id, num_tokens in num_scheduled_tokens.items():
+            requests[req_id].num_computed_tokens += num_tokens
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
@@ -332,6 +313,9 @@ class Scheduler:
         requests = self.requests
         req_id_to_index = model_runner_output.req_id_to_index
         sampled_token_ids = model_runner_output.sampled_token_ids
+        # Most steps carry no logprobs: skip two lookups per request then.
+        logprobs = model_runner_output.logprobs or None
+        prompt_logprobs = model_runner_output.prompt_logprobs or None
         for req_id in scheduler_output.num_scheduled_tokens:
             request = requests.get(req_id)
             if request is None:
@@ -357,8 +341,8 @@ class Scheduler:
                     finish_reason,
                     request.stop_reason,
                     request.num_cached_tokens,
-                    new_logprobs=model_runner_output.logprobs.get(req_id),
-                    new_prompt_logprobs=model_runner_output.prompt_logprobs.get(req_id),
+                    logprobs and logprobs.get(req_id),
+                    prompt_logprobs and prompt_logprobs.get(req_id),
                 )
             )
         if stopped_running_ids:
@@ -373,15 +357,8 @@ class Scheduler:
     def _update_request_with_output(
         self, request: Request, sampled_token_ids: list[int]
     ) -> tuple[list[int], bool]:
-        """Append tokens one by one up to the first that stops the request.
-
-        Returns the tokens kept and whether the request stopped.
-        """
-        for num_kept, token_id in enumerate(sampled_token_ids, start=1):
-            request.append_output_token_ids(token_id)
-            if check_stop(request, self.max_model_len):
-                return sampled_token_ids[:num_kept], True
-        return sampled_token_ids, False
+        """The tokens kept (up to the first that stops the request) and whether it stopped."""
+        return append_until_stop(request, sampled_token_ids, self.max_model_len)
 
     def finish_requests(
         self, request_ids: str | Iterable[str], finished_status: RequestStatus
