@@ -10,7 +10,8 @@ every request has its first token (the prefill is done); `jax.profiler` then tra
 - `wall`: the engine's time, `busy / wall` the fraction of it the device runs kernels. Where it
   is below 1 the device waits (for the host, or between kernels): what multi-step decode or
   CUDA graphs could win back, at most.
-The profiler's own host work makes `wall` an upper bound. The top kernels by time are listed
+Python calls are not traced (that would slow the host several times over); the profiler's
+remaining host work still makes `wall` an upper bound. The top kernels by time are listed
 under the table. CPU runs (no device events) report wall only.
 
     PYTHONPATH=. python3 -m benchmarks.step_profile --model benchmarks/configs/llama-3.1-8b \
@@ -66,6 +67,14 @@ def device_kernel_us(trace_dir: str) -> dict[str, list[float]]:
     return totals
 
 
+def _trace_options() -> jax.profiler.ProfileOptions:
+    """Device activity and the runtime's own host events, without tracing every Python call
+    (which slows the host several times over and would make a host-bound step look worse)."""
+    options = jax.profiler.ProfileOptions()
+    options.python_tracer_level = 0
+    return options
+
+
 def run_batch(llm, args: argparse.Namespace, batch_size: int, rng) -> dict:
     """Prefill a batch, trace `num_steps` decode steps, finish the batch; the step's profile."""
     engine = llm.llm_engine
@@ -77,8 +86,9 @@ def run_batch(llm, args: argparse.Namespace, batch_size: int, rng) -> dict:
     started: set[str] = set()
     while len(started) < batch_size:
         started.update(o.request_id for o in engine.step() if o.outputs[0].token_ids)
-    with tempfile.TemporaryDirectory() as trace_dir:
-        jax.profiler.start_trace(trace_dir)
+    with tempfile.TemporaryDirectory() as scratch_dir:
+        trace_dir = f"{args.trace_dir}/batch{batch_size}" if args.trace_dir else scratch_dir
+        jax.profiler.start_trace(trace_dir, profiler_options=_trace_options())
         start = time.perf_counter()
         for _ in range(args.num_steps):
             engine.step()
@@ -129,6 +139,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, nargs="+", default=[1, 8, 64, 256],
                         help="One or more batch sizes, run in order on one engine.")
     parser.add_argument("--output-json", default=None)
+    parser.add_argument("--trace-dir", default=None,
+                        help="Keep each batch's trace under DIR/batch<N> (Perfetto/TensorBoard) for a timeline.")
     EngineArgs.add_cli_args(parser)
     args = parser.parse_args(argv)
     for name in ("input_len", "num_steps"):
