@@ -71,6 +71,22 @@ def start_engine(args: argparse.Namespace):
     return llm, startup
 
 
+def start_engine_run(args: argparse.Namespace, benchmark: str):
+    """`start_engine`, and the run's result dict so far: its metadata and start-up times."""
+    llm, startup = start_engine(args)
+    platform_name, device = jax_device()
+    result = run_metadata(benchmark, ENGINE_NAME, platform_name, device, llm.llm_engine.config.model_config.model)
+    result.update(startup)
+    return llm, result
+
+
+def check_batch_sizes(batch_sizes: list[int], max_num_seqs: int) -> None:
+    """Raises ValueError unless every batch fits one step."""
+    for batch_size in batch_sizes:
+        if not 1 <= batch_size <= max_num_seqs:
+            raise ValueError(f"batch_size must be in [1, max_num_seqs={max_num_seqs}], got {batch_size}.")
+
+
 def prompt_vocab_size(llm) -> int:
     """Ids drawn below half the vocab stay clear of the special tokens at its top."""
     vocab_size = min(llm.llm_engine.config.model_config.hf_config.vocab_size, len(llm.get_tokenizer()))

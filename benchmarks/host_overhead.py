@@ -187,20 +187,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name in ("input_len", "output_len"):
         if getattr(args, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(args, name)}.")
-    for batch_size in args.batch_size:
-        if not 1 <= batch_size <= args.max_num_seqs:
-            raise ValueError(f"batch_size must be in [1, max_num_seqs={args.max_num_seqs}], got {batch_size}.")
+    harness.check_batch_sizes(args.batch_size, args.max_num_seqs)
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    llm, startup = harness.start_engine(args)
+    llm, result = harness.start_engine_run(args, "host_overhead")
     config = llm.llm_engine.config
-    platform_name, device = harness.jax_device()
-    result = harness.run_metadata("host_overhead", harness.ENGINE_NAME, platform_name, device,
-                                  config.model_config.model)
-    result.update(startup)
     result.update({"input_len": args.input_len, "output_len": args.output_len,
                    "clock": args.clock, "async_scheduling": config.scheduler_config.async_scheduling,
                    "max_num_seqs": config.scheduler_config.max_num_seqs,
@@ -208,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     clock = PhaseClock(CLOCKS[args.clock])
     instrument(llm, clock)
     rng = np.random.default_rng(args.seed)
-    print(f"host overhead: {device}, {config.model_config.model}, async_scheduling="
+    print(f"host overhead: {result['device']}, {config.model_config.model}, async_scheduling="
           f"{config.scheduler_config.async_scheduling}, {args.input_len} in / {args.output_len} out; "
           f"{args.clock} ms per step", flush=True)
     harness.print_header(HEADER)

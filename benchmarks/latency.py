@@ -130,11 +130,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    llm, startup = harness.start_engine(args)
+    llm, result = harness.start_engine_run(args, "latency")
     model_config = llm.llm_engine.config.model_config
-    platform_name, device = harness.jax_device()
-    result = harness.run_metadata("latency", harness.ENGINE_NAME, platform_name, device, model_config.model)
-    result.update(startup)
+    device = result["device"]
     result.update({"dtype": model_config.dtype, "num_iters_warmup": args.num_iters_warmup,
                    "num_iters": args.num_iters, "runs": []})
     shape = roofline.ModelShape.from_hf_config(model_config.hf_config.to_dict(), model_config.dtype)

@@ -149,24 +149,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.output_len < args.num_steps + 2:
         raise ValueError(f"output_len must be >= num_steps + 2 ({args.num_steps + 2}), so every traced "
                          f"step decodes the whole batch; got {args.output_len}.")
-    for batch_size in args.batch_size:
-        if not 1 <= batch_size <= args.max_num_seqs:
-            raise ValueError(f"batch_size must be in [1, max_num_seqs={args.max_num_seqs}], got {batch_size}.")
+    harness.check_batch_sizes(args.batch_size, args.max_num_seqs)
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    llm, startup = harness.start_engine(args)
+    llm, result = harness.start_engine_run(args, "step_profile")
     config = llm.llm_engine.config
-    platform_name, device = harness.jax_device()
-    result = harness.run_metadata("step_profile", harness.ENGINE_NAME, platform_name, device,
-                                  config.model_config.model)
-    result.update(startup)
     result.update({"input_len": args.input_len, "output_len": args.output_len,
                    "async_scheduling": config.scheduler_config.async_scheduling, "runs": []})
     rng = np.random.default_rng(args.seed)
-    print(f"step profile: {device}, {config.model_config.model}, {args.input_len} in, "
+    print(f"step profile: {result['device']}, {config.model_config.model}, {args.input_len} in, "
           f"{args.num_steps} decode steps traced", flush=True)
     harness.print_header(HEADER)
     for batch_size in args.batch_size:

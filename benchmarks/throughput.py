@@ -75,7 +75,7 @@ def request_lengths(args: argparse.Namespace, max_model_len: int) -> list[tuple[
 
 
 def run(args: argparse.Namespace) -> dict:
-    llm, startup = harness.start_engine(args)
+    llm, result = harness.start_engine_run(args, "throughput")
     model_config = llm.llm_engine.config.model_config
     lengths = request_lengths(args, model_config.max_model_len)
     rng = np.random.default_rng(args.seed)
@@ -88,9 +88,6 @@ def run(args: argparse.Namespace) -> dict:
     elapsed = time.perf_counter() - start
     num_output = sum(len(o.outputs[0].token_ids) for o in outputs)
     num_input = sum(i for i, _ in lengths)
-    platform_name, device = harness.jax_device()
-    result = harness.run_metadata("throughput", harness.ENGINE_NAME, platform_name, device, model_config.model)
-    result.update(startup)
     result.update({
         "dtype": model_config.dtype,
         "dataset": args.dataset,
@@ -107,7 +104,7 @@ def run(args: argparse.Namespace) -> dict:
         "total_tok_per_s": (num_output + num_input) / elapsed,
     })
     shape = roofline.ModelShape.from_hf_config(model_config.hf_config.to_dict(), model_config.dtype)
-    result.update(roofline.throughput_roofline(shape, roofline.DEVICE_PEAKS.get(device), lengths, elapsed))
+    result.update(roofline.throughput_roofline(shape, roofline.DEVICE_PEAKS.get(result["device"]), lengths, elapsed))
     return result
 
 

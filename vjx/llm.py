@@ -69,8 +69,8 @@ class LLM:
         params = self._params_per_prompt(len(prompts), sampling_params)
         # Only the finished outputs are returned, as in vLLM: building the others would cost
         # per token (the caller's params are copied, not changed).
-        final_only = {id(sp): dataclasses.replace(sp, output_kind=RequestOutputKind.FINAL_ONLY) for sp in params}
-        request_ids = self._add_requests(prompts, [final_only[id(sp)] for sp in params])
+        params = [dataclasses.replace(sp, output_kind=RequestOutputKind.FINAL_ONLY) for sp in params]
+        request_ids = self._add_requests(prompts, params)
         return self._run_engine(request_ids, use_tqdm)
 
     def chat(

@@ -12,8 +12,6 @@ the effective TB/s of the weight bytes. `o` and
 """
 
 import argparse
-import json
-import pathlib
 import sys
 import time
 
@@ -21,18 +19,16 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks import harness
+from benchmarks.roofline import ModelShape
 
 _CALLS = 30
 HEADER = ["tokens", "projection", "separate us", "fused us", "separate TB/s", "fused TB/s"]
 
 
-def projection_shapes(config: dict) -> dict[str, tuple[list[tuple[int, int]], list[tuple[int, int]]]]:
+def projection_shapes(shape: ModelShape) -> dict[str, tuple[list[tuple[int, int]], list[tuple[int, int]]]]:
     """{projection: ([(in, out)] of the separate weights, [(in, out)] of the fused one)}."""
-    hidden, mlp = config["hidden_size"], config["intermediate_size"]
-    heads = config["num_attention_heads"]
-    kv_heads = config.get("num_key_value_heads") or heads
-    head_dim = config.get("head_dim") or hidden // heads
-    q, kv = heads * head_dim, kv_heads * head_dim
+    hidden, mlp = shape.hidden_size, shape.intermediate_size
+    q, kv = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
     return {
         "qkv": ([(hidden, q), (hidden, kv), (hidden, kv)], [(hidden, q + 2 * kv)]),
         "gate_up": ([(hidden, mlp), (hidden, mlp)], [(hidden, 2 * mlp)]),
@@ -64,14 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.layers < 1 or min(args.num_tokens) < 1:
         raise ValueError(f"layers and num_tokens must be >= 1, got {args.layers} and {args.num_tokens}.")
-    config = json.loads((pathlib.Path(args.model) / "config.json").read_text())
+    shape = ModelShape.from_model_dir(args.model, "bfloat16")
     platform_name, device = harness.jax_device()
     result = harness.run_metadata("projections", harness.ENGINE_NAME, platform_name, device, args.model)
     result.update({"layers": args.layers, "runs": []})
     key = jax.random.key(0)
     harness.print_header(HEADER)
     for num_tokens in args.num_tokens:
-        for name, (separate, fused) in projection_shapes(config).items():
+        for name, (separate, fused) in projection_shapes(shape).items():
             weight_bytes = 2 * sum(i * o for i, o in fused)
             times = {kind: time_per_layer_us(num_tokens, shapes, args.layers, key)
                      for kind, shapes in (("separate", separate), ("fused", fused))}

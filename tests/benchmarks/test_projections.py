@@ -1,15 +1,16 @@
 """The projection GEMM benchmark: shapes from a config, and a CPU run end to end."""
 
 import json
+import pathlib
 
 from benchmarks.kernels import projections
+from benchmarks.roofline import ModelShape
 from tests.benchmarks.conftest import TINY_CONFIG
 
 
 def test_shapes_of_llama_3_1_8b():
-    config = {"hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
-              "num_key_value_heads": 8}
-    shapes = projections.projection_shapes(config)
+    config = json.loads((pathlib.Path(__file__).parents[2] / "benchmarks/configs/llama-3.1-8b/config.json").read_text())
+    shapes = projections.projection_shapes(ModelShape.from_hf_config(config, "bfloat16"))
     assert shapes["qkv"] == ([(4096, 4096), (4096, 1024), (4096, 1024)], [(4096, 6144)])
     assert shapes["gate_up"] == ([(4096, 14336), (4096, 14336)], [(4096, 28672)])
     assert shapes["down"] == ([(14336, 4096)], [(14336, 4096)])

@@ -11,8 +11,8 @@ while reading (an entry from another build, a truncated file), falls back to com
 
 Entries live in `vjx-executables/<source digest>/` inside JAX's persistent cache directory,
 so whoever moves that directory (the tests, a user) moves this one with it. Any edit of the
-engine's source starts a new folder; only the few most recently written folders are kept. Like JAX's own cache, an entry is
-trusted code: the directory must be the user's own.
+engine's source starts a new folder; only the few most recently written folders are kept.
+Like JAX's own cache, an entry is trusted code: the directory must be the user's own.
 """
 
 import dataclasses
@@ -177,7 +177,6 @@ class ExecutableCache:
             os.replace(f.name, self._path(key))
         except Exception as error:  # a failed store only costs the next start
             logger.warning("could not store the executable %s (%s: %s)", key, type(error).__name__, error)
-
 
     def _drop_old_versions(self) -> None:
         """Deletes the folders of all but the most recently written source versions."""
