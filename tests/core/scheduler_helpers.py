@@ -1,6 +1,7 @@
 """Builders shared by the scheduler tests: a tiny KV config, requests, hand-built runner outputs."""
 
 from vjx.config import CacheConfig, SchedulerConfig
+from vjx.core.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheSpec
 from vjx.core.request import Request
 from vjx.core.sched.async_scheduler import AsyncScheduler
 from vjx.core.sched.output import SchedulerOutput
@@ -23,8 +24,10 @@ def make_scheduler(
     long_prefill_token_threshold: int = 0,
     policy: str = "fcfs",
     async_scheduling: bool = False,
+    kv_cache_spec: KVCacheSpec | None = None,
 ) -> Scheduler:
-    """Blocks of 4 tokens; block 0 is reserved, so 17 blocks give 16 usable ones."""
+    """Blocks of 4 tokens; block 0 is reserved, so 17 blocks give 16 usable ones. One KV cache
+    group, of full attention unless `kv_cache_spec` says otherwise."""
     scheduler_config = SchedulerConfig(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
@@ -41,7 +44,9 @@ def make_scheduler(
         enable_prefix_caching=enable_prefix_caching,
     )
     scheduler_class = AsyncScheduler if async_scheduling else Scheduler
-    return scheduler_class(scheduler_config, cache_config, num_gpu_blocks)
+    spec = kv_cache_spec or FullAttentionSpec(BLOCK_SIZE, num_kv_heads=1, head_size=8, dtype="float32")
+    kv_cache_config = KVCacheConfig(num_gpu_blocks, (KVCacheGroupSpec(("layers.0",), spec),))
+    return scheduler_class(scheduler_config, cache_config, kv_cache_config)
 
 
 def make_request(

@@ -10,14 +10,15 @@ from vjx.core.kv_cache_coordinator import (
     get_kv_cache_coordinator,
 )
 from vjx.core.kv_cache_manager import KVCacheManager
-from vjx.core.kv_cache_spec import FullAttentionSpec, KVCacheGroupSpec, SlidingWindowSpec
+from vjx.core.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, SlidingWindowSpec
 from vjx.core.kv_cache_utils import hash_request_tokens, sha256
 from vjx.core.request import Request
 from vjx.core.single_type_kv_cache_manager import FullAttentionManager, SlidingWindowManager
 from vjx.sampling_params import SamplingParams
 
-FULL = KVCacheGroupSpec(("layers.0",), FullAttentionSpec(block_size=4))
-WINDOW = KVCacheGroupSpec(("layers.1",), SlidingWindowSpec(block_size=4, sliding_window=8))
+HEADS = dict(num_kv_heads=2, head_size=8, dtype="float32")
+FULL = KVCacheGroupSpec(("layers.0",), FullAttentionSpec(block_size=4, **HEADS))
+WINDOW = KVCacheGroupSpec(("layers.1",), SlidingWindowSpec(block_size=4, **HEADS, sliding_window=8))
 PROMPT = list(range(20))  # five full blocks of 4
 
 
@@ -67,7 +68,7 @@ def test_sliding_window_hit_needs_a_full_window_or_a_run_from_the_start():
     assert hit_ids(27) == [0, 0, 0, 4, 5]
     assert hit_ids(16) == [1, 2]
     assert hit_ids(3) == []
-    wide = SlidingWindowManager(SlidingWindowSpec(4, 16), pool, kv_cache_group_id=0)
+    wide = SlidingWindowManager(SlidingWindowSpec(4, **HEADS, sliding_window=16), pool, kv_cache_group_id=0)
     # No four contiguous cached blocks: only the run from the first block is usable.
     (computed,) = wide.find_longest_cache_hit(block_hashes, 28, [0])
     assert [block.block_id for block in computed] == [1, 2]
@@ -182,7 +183,7 @@ def test_coordinator_choice_and_validation():
     assert no_cache.get_computed_blocks(make_request("a", PROMPT))[1] == 0
     with pytest.raises(ValueError, match=r"must share one kv_cache_spec .* got 2 specs"):
         UnitaryKVCacheCoordinator([FULL, WINDOW], 8, True)
-    other_size = KVCacheGroupSpec(("x",), FullAttentionSpec(block_size=8))
+    other_size = KVCacheGroupSpec(("x",), FullAttentionSpec(block_size=8, **HEADS))
     with pytest.raises(ValueError, match=r"must share one block_size, got \[4, 8\]"):
         get_kv_cache_coordinator([FULL, other_size], 8, True)
     with pytest.raises(ValueError, match="must hold at least one group"):
@@ -190,6 +191,6 @@ def test_coordinator_choice_and_validation():
     with pytest.raises(ValueError, match="must use block_size=16, got a group with block_size=4"):
         KVCacheManager(16, 8, 64, kv_cache_groups=[FULL])
     with pytest.raises(ValueError, match="sliding_window must be at least 1, got 0"):
-        SlidingWindowSpec(block_size=4, sliding_window=0)
+        SlidingWindowSpec(block_size=4, **HEADS, sliding_window=0)
     with pytest.raises(ValueError, match="block_size must be at least 1, got 0"):
-        FullAttentionSpec(block_size=0)
+        FullAttentionSpec(block_size=0, **HEADS)

@@ -15,7 +15,7 @@ from hypothesis.stateful import (
 )
 
 from vjx.core.kv_cache_manager import KVCacheManager
-from vjx.core.kv_cache_spec import FullAttentionSpec, KVCacheGroupSpec, SlidingWindowSpec
+from vjx.core.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, SlidingWindowSpec
 from vjx.core.kv_cache_utils import make_block_hash_with_group_id
 from vjx.core.request import Request
 from vjx.sampling_params import SamplingParams
@@ -23,8 +23,9 @@ from vjx.sampling_params import SamplingParams
 BLOCK_SIZE = 4
 NUM_GPU_BLOCKS = 16
 MAX_MODEL_LEN = 40
-FULL = KVCacheGroupSpec(("full",), FullAttentionSpec(BLOCK_SIZE))
-WINDOW = KVCacheGroupSpec(("window",), SlidingWindowSpec(BLOCK_SIZE, sliding_window=6))
+HEADS = dict(num_kv_heads=2, head_size=8, dtype="float32")
+FULL = KVCacheGroupSpec(("full",), FullAttentionSpec(BLOCK_SIZE, **HEADS))
+WINDOW = KVCacheGroupSpec(("window",), SlidingWindowSpec(BLOCK_SIZE, **HEADS, sliding_window=6))
 SHARED = list(range(100, 132))  # prompts start with a piece of it, so prefixes are shared
 
 prompts = st.builds(

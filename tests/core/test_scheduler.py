@@ -178,7 +178,8 @@ def test_prefix_cache_hit_through_the_scheduler():
     out, _ = step(scheduler, {"b": [62], "c": [63]})
     assert new_reqs(out) == [("c", ([1, 5],), 4)]
     assert out.num_scheduled_tokens == {"b": 1, "c": 4}
-    assert out.num_common_prefix_blocks == (1,)
+    running = scheduler.running
+    assert scheduler.kv_cache_manager.get_num_common_prefix_blocks(running[0].request_id, len(running)) == (1,)
     stats = scheduler.kv_cache_manager.prefix_cache_stats
     assert (stats.num_requests, stats.num_queried_tokens, stats.num_hit_tokens) == (3, 28, 12)
 

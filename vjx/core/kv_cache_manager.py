@@ -5,7 +5,7 @@ from collections.abc import Sequence
 
 from vjx.core.block_pool import BlockPool
 from vjx.core.kv_cache_coordinator import get_kv_cache_coordinator
-from vjx.core.kv_cache_spec import FullAttentionSpec, KVCacheGroupSpec
+from vjx.core.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec
 from vjx.core.kv_cache_utils import (
     KVCacheBlock,
     PrefixCacheStats,
@@ -30,8 +30,8 @@ class KVCacheManager:
 
     Per KV cache group, a request's blocks are a list, block i holding its tokens
     [i * block_size, (i + 1) * block_size) (or the null block where a sliding window no
-    longer needs them). By default there is one full-attention group; `kv_cache_groups`
-    describes others. The manager owns the hashing of full blocks (it extends
+    longer needs them). `kv_cache_groups` are the engine's (`KVCacheConfig.kv_cache_groups`);
+    by default there is one full-attention group. The manager owns the hashing of full blocks (it extends
     `request.block_hashes`) because it owns the block size and the hash function.
     """
 
@@ -50,7 +50,8 @@ class KVCacheManager:
         if max_model_len < 1:
             raise ValueError(f"max_model_len must be at least 1, got {max_model_len}.")
         if kv_cache_groups is None:
-            kv_cache_groups = (KVCacheGroupSpec((), FullAttentionSpec(block_size)),)
+            # The allocator reads only a spec's block size and type, not its heads.
+            kv_cache_groups = (KVCacheGroupSpec((), FullAttentionSpec(block_size, 1, 1, "float32")),)
         for group in kv_cache_groups:
             if group.kv_cache_spec.block_size != block_size:
                 raise ValueError(

@@ -14,6 +14,7 @@ token for it is dropped (the step ran one wasted row, as in vLLM).
 """
 
 from vjx.config import CacheConfig, SchedulerConfig
+from vjx.core.kv_cache_interface import KVCacheConfig
 from vjx.core.request import Request, RequestStatus
 from vjx.core.sched.scheduler import Scheduler
 from vjx.core.sched.utils import append_until_stop
@@ -23,9 +24,9 @@ class AsyncScheduler(Scheduler):
     """The scheduler for `async_scheduling=True`."""
 
     def __init__(
-        self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_gpu_blocks: int
+        self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, kv_cache_config: KVCacheConfig
     ) -> None:
-        super().__init__(scheduler_config, cache_config, num_gpu_blocks)
+        super().__init__(scheduler_config, cache_config, kv_cache_config)
         self.num_output_placeholders: dict[str, int] = {}
         """Per request, tokens sampled by steps in flight; absent means none."""
 

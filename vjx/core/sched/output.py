@@ -44,4 +44,3 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int
     finished_req_ids: set[str]
     """Requests finished or aborted since the last step: the runner drops their state."""
-    num_common_prefix_blocks: tuple[int, ...] = (0,)

@@ -4,6 +4,7 @@ import dataclasses
 from collections.abc import Iterable
 
 from vjx.config import CacheConfig, SchedulerConfig
+from vjx.core.kv_cache_interface import KVCacheConfig
 from vjx.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from vjx.core.request import Request, RequestStatus
 from vjx.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
@@ -15,7 +16,7 @@ from vjx.outputs import ModelRunnerOutput
 
 
 def _verify_config(
-    scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_gpu_blocks: int
+    scheduler_config: SchedulerConfig, kv_cache_config: KVCacheConfig
 ) -> None:
     """Refuse settings under which some valid request could wait forever."""
     max_model_len = scheduler_config.max_model_len
@@ -33,12 +34,14 @@ def _verify_config(
             f"long_prefill_token_threshold must be 0 (no cap) or, with chunked prefill on, "
             f"at least 1; got {threshold} with enable_chunked_prefill={is_chunked}."
         )
-    num_token_slots = (num_gpu_blocks - 1) * cache_config.block_size
-    if num_token_slots < max_model_len:
+    num_blocks = kv_cache_config.num_blocks
+    num_request_blocks = kv_cache_config.max_num_blocks_per_request(max_model_len, max_num_batched_tokens)
+    if num_blocks - 1 < num_request_blocks:
         raise ValueError(
-            f"num_gpu_blocks={num_gpu_blocks} holds {num_token_slots} tokens (block 0 is "
-            f"reserved), fewer than max_model_len={max_model_len}: a request that long "
-            "could never run."
+            f"num_gpu_blocks={num_blocks} holds {(num_blocks - 1) * kv_cache_config.block_size} tokens "
+            f"(block 0 is reserved), {num_blocks - 1} blocks, fewer than the {num_request_blocks} blocks "
+            f"one request of max_model_len={max_model_len} tokens may hold at once: a request that "
+            "long could never run."
         )
 
 
@@ -77,9 +80,10 @@ class Scheduler:
     """
 
     def __init__(
-        self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_gpu_blocks: int
+        self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, kv_cache_config: KVCacheConfig
     ) -> None:
-        _verify_config(scheduler_config, cache_config, num_gpu_blocks)
+        """`kv_cache_config`: the pool's size and the layer groups, as the worker built them."""
+        _verify_config(scheduler_config, kv_cache_config)
         max_model_len = scheduler_config.max_model_len
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config
@@ -89,10 +93,12 @@ class Scheduler:
         self.long_prefill_token_threshold = scheduler_config.long_prefill_token_threshold
         self.waiting = create_request_queue(scheduler_config.scheduling_policy)
         self.policy = SchedulingPolicy(scheduler_config.scheduling_policy)
+        self.kv_cache_config = kv_cache_config
         self.kv_cache_manager = KVCacheManager(
-            block_size=cache_config.block_size,
-            num_gpu_blocks=num_gpu_blocks,
+            block_size=kv_cache_config.block_size,
+            num_gpu_blocks=kv_cache_config.num_blocks,
             max_model_len=max_model_len,
+            kv_cache_groups=kv_cache_config.kv_cache_groups,
             enable_caching=cache_config.enable_prefix_caching,
             hash_algo=cache_config.prefix_caching_hash_algo,
         )
@@ -271,18 +277,12 @@ class Scheduler:
             + [manager.get_block_ids(r.request_id) for r in plan.scheduled_resumed_reqs],
             num_computed_tokens=[request.num_computed_tokens for request in cached_reqs],
         )
-        num_common_prefix_blocks = (0,)
-        if self.running:
-            num_common_prefix_blocks = manager.get_num_common_prefix_blocks(
-                self.running[0].request_id, len(self.running)
-            )
         return SchedulerOutput(
             scheduled_new_reqs=new_reqs_data,
             scheduled_cached_reqs=cached_reqs_data,
             num_scheduled_tokens=plan.num_scheduled_tokens,
             total_num_scheduled_tokens=sum(plan.num_scheduled_tokens.values()),
             finished_req_ids=self.finished_req_ids,
-            num_common_prefix_blocks=num_common_prefix_blocks,
         )
 
     def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:

@@ -1,0 +1,139 @@
+"""What the block allocator must know of each kind of cache layer, and how layers group.
+
+As vLLM's kv_cache_interface: every attention-like layer declares a `KVCacheSpec`; the worker
+groups layers with equal specs into `KVCacheConfig.kv_cache_groups`; the scheduler's
+`KVCacheManager` runs one single-type manager per group, and the step gets one block table
+per group. The groups share one block size and one pool of block ids. Plain data: the device
+layout of a block belongs to the attention backend, and dtypes are named by string (the core
+knows no JAX).
+"""
+
+import abc
+import dataclasses
+
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1}
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclasses.dataclass(frozen=True)
+class KVCacheSpec(abc.ABC):
+    """One layer's cache, as the block allocator sees it."""
+
+    block_size: int
+    """Tokens per block."""
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be at least 1, got {self.block_size}.")
+
+    @property
+    @abc.abstractmethod
+    def page_size_bytes(self) -> int:
+        """Bytes one block of this layer holds (all of its heads)."""
+
+    @abc.abstractmethod
+    def max_num_blocks_per_request(self, max_model_len: int, max_num_batched_tokens: int) -> int:
+        """Most blocks one request ever holds at once in this layer's group."""
+
+    def max_memory_usage_bytes(self, max_model_len: int, max_num_batched_tokens: int) -> int:
+        return self.max_num_blocks_per_request(max_model_len, max_num_batched_tokens) * self.page_size_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionSpec(KVCacheSpec):
+    """A layer that keeps a key and a value of `head_size` per KV head and token."""
+
+    num_kv_heads: int
+    """KV heads the cache holds (with tensor parallelism, the repeated heads included)."""
+    head_size: int
+    dtype: str
+    """Cache element type: "float32", "bfloat16", "float16", ..."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.num_kv_heads < 1 or self.head_size < 1:
+            raise ValueError(
+                f"num_kv_heads and head_size must be at least 1, got {self.num_kv_heads} and {self.head_size}."
+            )
+        if self.dtype not in _DTYPE_BYTES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPE_BYTES)}, got {self.dtype!r}.")
+
+    @property
+    def page_size_bytes(self) -> int:
+        return 2 * self.block_size * self.num_kv_heads * self.head_size * _DTYPE_BYTES[self.dtype]
+
+
+@dataclasses.dataclass(frozen=True)
+class FullAttentionSpec(AttentionSpec):
+    """Layers whose queries attend to every earlier token: a request keeps all its blocks."""
+
+    def max_num_blocks_per_request(self, max_model_len: int, max_num_batched_tokens: int) -> int:
+        return _cdiv(max_model_len, self.block_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class SlidingWindowSpec(AttentionSpec):
+    """Layers whose query at position p attends only to positions p - sliding_window + 1 .. p.
+
+    Blocks that fall out of the window of a request's next token go back to the pool while
+    the request runs."""
+
+    sliding_window: int
+    """Tokens each query sees, itself included."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.sliding_window < 1:
+            raise ValueError(f"sliding_window must be at least 1, got {self.sliding_window}.")
+
+    def max_num_blocks_per_request(self, max_model_len: int, max_num_batched_tokens: int) -> int:
+        # A step's chunk of new tokens plus the window of its first token; the window may
+        # start mid-block, hence one block more.
+        num_tokens = min(self.sliding_window - 1 + max_num_batched_tokens, max_model_len)
+        return _cdiv(num_tokens, self.block_size) + 1
+
+
+@dataclasses.dataclass(frozen=True)
+class KVCacheGroupSpec:
+    """One KV cache group: the layers that share a block table, and their spec."""
+
+    layer_names: tuple[str, ...]
+    """The model's layers in this group, in model order."""
+    kv_cache_spec: KVCacheSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class KVCacheConfig:
+    """The engine's KV cache: how many block ids the pool has and how layers group.
+
+    Every layer's cache array has `num_blocks` blocks; a block id is handed to one request
+    in one group at a time (block 0 is the reserved null block)."""
+
+    num_blocks: int
+    kv_cache_groups: tuple[KVCacheGroupSpec, ...]
+
+    def __post_init__(self) -> None:
+        if self.num_blocks < 2:
+            raise ValueError(f"num_blocks must be at least 2 (block 0 is reserved), got {self.num_blocks}.")
+        if not self.kv_cache_groups:
+            raise ValueError("kv_cache_groups must hold at least one group, got none.")
+
+    @property
+    def block_size(self) -> int:
+        return self.kv_cache_groups[0].kv_cache_spec.block_size
+
+    def max_num_blocks_per_request(self, max_model_len: int, max_num_batched_tokens: int) -> int:
+        """Blocks one request may hold at once, over every group."""
+        return sum(group.kv_cache_spec.max_num_blocks_per_request(max_model_len, max_num_batched_tokens)
+                   for group in self.kv_cache_groups)
+
+
+def get_kv_cache_groups(kv_cache_specs: dict[str, KVCacheSpec]) -> tuple[KVCacheGroupSpec, ...]:
+    """Layers with equal specs share a group; groups in the order their first layer comes."""
+    layers_by_spec: dict[KVCacheSpec, list[str]] = {}
+    for layer_name, spec in kv_cache_specs.items():
+        layers_by_spec.setdefault(spec, []).append(layer_name)
+    return tuple(KVCacheGroupSpec(tuple(names), spec) for spec, names in layers_by_spec.items())
