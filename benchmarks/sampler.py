@@ -31,6 +31,7 @@ import numpy as np
 from benchmarks import harness
 from vjx.sampling.logprobs import compute_logprobs
 from vjx.sampling.metadata import SamplingMetadata
+from vjx.worker.step_inputs import STEP_INPUTS
 from vjx.sampling.sampler import sample
 
 _NUM_LOGPROBS = 20
@@ -64,10 +65,10 @@ def _metadata(args: argparse.Namespace, fields: dict, has_masks: bool, all_greed
     if has_masks:
         bias[:, rng.integers(0, v, 64)] = 2.0
         bad_words[:, :, 1:] = rng.integers(0, v, (r, 4, 2))
-    md = SamplingMetadata(
+    md = STEP_INPUTS.sampling_metadata_class(
         **per_row,
         seeds=np.arange(r, dtype=np.int32),
-        positions=np.full(r, history_len // 4, np.int32),
+        sample_positions=np.full(r, history_len // 4, np.int32),
         token_ids=rng.integers(0, v, (r, history_len)).astype(np.int32),
         num_prompt_tokens=np.full(r, history_len - history_len // 4, np.int32),
         num_tokens=np.full(r, history_len, np.int32),

@@ -19,6 +19,7 @@ import numpy as np
 from benchmarks import harness
 from vjx.config import CacheConfig, SchedulerConfig
 from vjx.core.request import Request
+from vjx.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vjx.core.sched.async_scheduler import AsyncScheduler
 from vjx.core.sched.output import SchedulerOutput
 from vjx.core.sched.scheduler import Scheduler
@@ -44,7 +45,9 @@ def _make_scheduler(args: argparse.Namespace, is_async: bool) -> Scheduler:
     )
     num_gpu_blocks = args.num_requests * (max_model_len // args.block_size) + 1
     scheduler_class = AsyncScheduler if is_async else Scheduler
-    scheduler = scheduler_class(scheduler_config, cache_config, num_gpu_blocks)
+    spec = FullAttentionSpec(args.block_size, num_kv_heads=8, head_size=128, dtype="bfloat16")
+    kv_cache_config = KVCacheConfig(num_gpu_blocks, (KVCacheGroupSpec(("layers",), spec),))
+    scheduler = scheduler_class(scheduler_config, cache_config, kv_cache_config)
     rng = np.random.default_rng(args.seed)
     params = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)
     for i in range(args.num_requests):

@@ -49,6 +49,9 @@ class CacheConfig:
     """Reuse the KV blocks of identical prompt prefixes across requests."""
     prefix_caching_hash_algo: str = "sha256"
     """Hash of a full block's tokens for the prefix cache: "sha256" or "blake2b"."""
+    kv_cache_memory_bytes: int | None = None
+    """KV cache bytes per device, instead of sizing the pool from free memory (and, on hosts
+    without memory statistics, from what `max_num_seqs` requests of `max_model_len` need)."""
 
 
 @dataclasses.dataclass(frozen=True)

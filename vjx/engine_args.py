@@ -45,6 +45,9 @@ class EngineArgs:
     block_size: int = _field(16, f"Tokens per KV cache block, one of {_BLOCK_SIZES}.")
     gpu_memory_utilization: float = _field(0.9, "Fraction of device memory for weights and KV cache, in (0, 1].")
     num_gpu_blocks_override: int | None = _field(None, "Number of KV blocks, instead of sizing from free memory.")
+    kv_cache_memory_bytes: int | None = _field(None, "KV cache bytes per device, instead of sizing from free memory "
+                                               "(on CPU: what max_num_seqs requests of max_model_len need, at most "
+                                               "4 GiB).")
     max_num_seqs: int = _field(256, "Most requests in one step.")
     max_num_batched_tokens: int | None = _field(None, "Token budget of one step; 8192 on accelerators, 512 on CPU.")
     enable_prefix_caching: bool = _field(True, "Reuse KV blocks of shared prompt prefixes.")
@@ -111,6 +114,7 @@ class EngineArgs:
                 block_size=self.block_size,
                 gpu_memory_utilization=self.gpu_memory_utilization,
                 num_gpu_blocks_override=self.num_gpu_blocks_override,
+                kv_cache_memory_bytes=self.kv_cache_memory_bytes,
                 enable_prefix_caching=self.enable_prefix_caching,
                 prefix_caching_hash_algo=self.prefix_caching_hash_algo,
             ),
@@ -133,6 +137,8 @@ class EngineArgs:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 2:
             raise ValueError(f"num_gpu_blocks_override must be at least 2, got {self.num_gpu_blocks_override}.")
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:
+            raise ValueError(f"kv_cache_memory_bytes must be at least 1, got {self.kv_cache_memory_bytes}.")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}.")
         if self.tensor_parallel_size < 1:

@@ -1,7 +1,7 @@
 """Builders shared by the scheduler tests: a tiny KV config, requests, hand-built runner outputs."""
 
 from vjx.config import CacheConfig, SchedulerConfig
-from vjx.core.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheSpec
+from vjx.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheSpec
 from vjx.core.request import Request
 from vjx.core.sched.async_scheduler import AsyncScheduler
 from vjx.core.sched.output import SchedulerOutput

@@ -10,7 +10,7 @@ from vjx.core.kv_cache_coordinator import (
     get_kv_cache_coordinator,
 )
 from vjx.core.kv_cache_manager import KVCacheManager
-from vjx.core.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, SlidingWindowSpec
+from vjx.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, SlidingWindowSpec
 from vjx.core.kv_cache_utils import hash_request_tokens, sha256
 from vjx.core.request import Request
 from vjx.core.single_type_kv_cache_manager import FullAttentionManager, SlidingWindowManager

@@ -15,7 +15,7 @@ from hypothesis.stateful import (
 )
 
 from vjx.core.kv_cache_manager import KVCacheManager
-from vjx.core.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, SlidingWindowSpec
+from vjx.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, SlidingWindowSpec
 from vjx.core.kv_cache_utils import make_block_hash_with_group_id
 from vjx.core.request import Request
 from vjx.sampling_params import SamplingParams

@@ -90,7 +90,7 @@ def save_and_load(tmp_dir, hf_config, *, seed=0, max_shard_size="50GB"):
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
 def _step(graphdef, state, kv_caches, input_ids, positions, md):
     model = nnx.merge(graphdef, state)
-    hidden, kv_caches = model(input_ids, positions, kv_caches, md)
+    hidden, kv_caches = model(input_ids, positions, kv_caches, [md] * len(kv_caches))
     return model.compute_logits(hidden), kv_caches
 
 

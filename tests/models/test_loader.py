@@ -13,9 +13,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from vjx.attention.metadata import AttentionMetadata
 from vjx.attention.reference import ReferenceBackend
 from vjx.config import ModelConfig
+from vjx.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 from vjx.models.layers.param import logical_axes_of
 from vjx.models.loader import get_model
-from vjx.models.registry import KVCacheSpec, get_kv_cache_spec
 from vjx.sharding.rules import logical_to_mesh_axes
 
 VOCAB, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, MLP = 256, 64, 4, 2, 16, 128
@@ -151,20 +151,25 @@ def test_mesh_places_params_by_logical_axes(tmp_path):
     assert norm[...].sharding == NamedSharding(mesh, PartitionSpec(None))
 
 
-def test_kv_cache_spec():
-    assert get_kv_cache_spec(tiny_config()) == KVCacheSpec(
-        num_layers=2, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM
-    )
-    assert get_kv_cache_spec(tiny_config(head_dim=32)).head_dim == 32
+def test_each_layer_declares_its_kv_cache_spec():
+    model = get_model(model_config(tiny_config()), ReferenceBackend())
+    full = FullAttentionSpec(16, num_kv_heads=KV_HEADS, head_size=HEAD_DIM, dtype="float32")
+    assert model.get_kv_cache_spec(16, KV_HEADS, "float32") == {
+        "model.layers.0.self_attn": full, "model.layers.1.self_attn": full,
+    }
+    wide = get_model(model_config(tiny_config(head_dim=32)), ReferenceBackend())
+    assert {spec.head_size for spec in wide.get_kv_cache_spec(16, KV_HEADS, "float32").values()} == {32}
+    windowed = get_model(model_config(tiny_config(sliding_window=32)), ReferenceBackend())
+    window = SlidingWindowSpec(16, num_kv_heads=KV_HEADS, head_size=HEAD_DIM, dtype="float32", sliding_window=32)
+    assert set(windowed.get_kv_cache_spec(16, KV_HEADS, "float32").values()) == {window}
 
 
 def run_one_token(model) -> jax.Array:
     """One decode-shaped step: a single token at position 0 written to block 1."""
     backend = ReferenceBackend()
-    spec = get_kv_cache_spec(tiny_config())
     dtype = model.model.embed_tokens.embedding[...].dtype
-    caches = [jnp.zeros(backend.kv_cache_shape(2, 16, spec.num_kv_heads, spec.head_dim), dtype)
-              for _ in range(spec.num_layers)]
+    specs = model.get_kv_cache_spec(16, KV_HEADS, "float32").values()
+    caches = [jnp.zeros(backend.kv_cache_shape(2, 16, spec.num_kv_heads, spec.head_size), dtype) for spec in specs]
     md = AttentionMetadata(
         slot_mapping=jnp.asarray([16], jnp.int32),
         query_start_loc=jnp.asarray([0, 1], jnp.int32),
@@ -177,7 +182,7 @@ def run_one_token(model) -> jax.Array:
     @jax.jit
     def step(state, caches, md):
         model = nnx.merge(graphdef, state)
-        hidden, _ = model(jnp.asarray([3], jnp.int32), jnp.asarray([0], jnp.int32), caches, md)
+        hidden, _ = model(jnp.asarray([3], jnp.int32), jnp.asarray([0], jnp.int32), caches, [md] * len(caches))
         return model.compute_logits(hidden)
 
     return step(state, caches, md)

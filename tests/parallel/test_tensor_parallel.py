@@ -120,7 +120,7 @@ def test_kv_cache_is_sharded_over_kv_heads(tp4_kv2_llm):
         assert cache.shape == (2, 32, 16, 4, 8)
         assert _spec(cache) == P(None, None, None, "model", None)
         assert {shard.data.shape for shard in cache.addressable_shards} == {(2, 32, 16, 1, 8)}
-    assert worker.kv_cache_spec.num_kv_heads == 4
+    assert {spec.num_kv_heads for spec in worker.kv_cache_specs.values()} == {4}
     # One device holds a quarter of each block.
     assert worker.get_kv_block_bytes() == 2 * 2 * 16 * 4 * 8 * 4 // 4
 

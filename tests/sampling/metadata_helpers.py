@@ -4,7 +4,7 @@ of the logits processors written the way vLLM states them (loops over rows and w
 import jax.numpy as jnp
 import numpy as np
 
-from vjx.sampling.metadata import SamplingMetadata
+from vjx.worker.step_inputs import STEP_INPUTS
 
 _NEUTRAL = dict(
     temperature=(1.0, np.float32),
@@ -12,7 +12,7 @@ _NEUTRAL = dict(
     top_p=(1.0, np.float32),
     min_p=(0.0, np.float32),
     seeds=(0, np.int32),
-    positions=(0, np.int32),
+    sample_positions=(0, np.int32),
     presence_penalty=(0.0, np.float32),
     frequency_penalty=(0.0, np.float32),
     repetition_penalty=(1.0, np.float32),
@@ -40,7 +40,7 @@ def make_metadata(num_rows, vocab_size, *, all_greedy=False, token_ids=None, log
     for name, (value, shape, fill, dtype) in arrays.items():
         fields[name] = jnp.asarray(np.full(shape, fill, dtype) if value is None else np.asarray(value, dtype))
     fields["logit_bias_rows"] = jnp.arange(num_rows, dtype=jnp.int32)
-    return SamplingMetadata(**fields, all_greedy=all_greedy)
+    return STEP_INPUTS.sampling_metadata_class(**fields, all_greedy=all_greedy)
 
 
 def pad_rows(lists, fill, width=None):

@@ -25,7 +25,7 @@ _apply_top_k_top_p = jax.jit(apply_top_k_top_p)
 def _md(num_rows, temperature=1.0, top_k=0, top_p=1.0, seeds=0, positions=0, all_greedy=False, vocab_size=V):
     return make_metadata(
         num_rows, vocab_size, temperature=temperature, top_k=top_k, top_p=top_p, seeds=seeds,
-        positions=positions, all_greedy=all_greedy,
+        sample_positions=positions, all_greedy=all_greedy,
     )
 
 

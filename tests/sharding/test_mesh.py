@@ -10,10 +10,10 @@ from jax.sharding import PartitionSpec as P
 from tests.parallel.tiny_llama import save_tiny_llama, tiny_config
 from vjx import EngineArgs
 from vjx.config import ParallelConfig
-from vjx.models.registry import get_kv_cache_spec, verify_tensor_parallel
+from vjx.models.registry import verify_tensor_parallel
 from vjx.sharding.constraints import constrain, replicate
 from vjx.sharding.mesh import device_groups, make_mesh, model_axis_size
-from vjx.sharding.placement import filled, kv_head_replicas
+from vjx.sharding.placement import filled, kv_head_replicas, num_cache_kv_heads
 from vjx.sharding.rules import logical_sharding, logical_to_mesh_axes
 
 
@@ -57,8 +57,8 @@ def test_kv_head_replicas():
         kv_head_replicas(3, 2)
     with pytest.raises(ValueError, match=r"tensor_parallel_size \(8\) must be a multiple of .* \(3\)"):
         kv_head_replicas(3, 8)
-    assert get_kv_cache_spec(tiny_config(2), 8).num_kv_heads == 8
-    assert get_kv_cache_spec(tiny_config(2)).num_kv_heads == 2
+    assert num_cache_kv_heads(2, 8) == 8
+    assert num_cache_kv_heads(2, 1) == 2
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from vjx.worker.input_batch import CachedRequestState, InputBatch
 
 
 def _state(req_id: str, prompt: list[int]) -> CachedRequestState:
-    return CachedRequestState(req_id, prompt, SamplingParams(max_tokens=8), seed=0, block_ids=[1])
+    return CachedRequestState(req_id, prompt, SamplingParams(max_tokens=8), seed=0, block_ids=([1],))
 
 
 def test_tokens_appended_to_rows_come_back_when_the_request_leaves():

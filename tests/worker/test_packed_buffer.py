@@ -33,5 +33,5 @@ def test_each_step_equals_a_whole_refill():
         expected = np.zeros(layout.size, np.int32)
         for name, value in layout.padding.items():
             layout.view(expected, name)[...] = value
-        layout.view(expected, "block_tables")[: len(rows)] = table[rows]
+        layout.view(expected, "block_tables")[0, : len(rows)] = table[rows]  # the one KV cache group
         np.testing.assert_array_equal(buffer.data, expected)

@@ -10,7 +10,7 @@ import abc
 from collections.abc import Sequence
 
 from vjx.core.block_pool import BlockPool
-from vjx.core.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, KVCacheSpec
+from vjx.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, KVCacheSpec
 from vjx.core.kv_cache_utils import BlockHash, KVCacheBlock
 from vjx.core.single_type_kv_cache_manager import (
     SingleTypeKVCacheManager,

@@ -5,7 +5,7 @@ from collections.abc import Sequence
 
 from vjx.core.block_pool import BlockPool
 from vjx.core.kv_cache_coordinator import get_kv_cache_coordinator
-from vjx.core.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec
+from vjx.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec
 from vjx.core.kv_cache_utils import (
     KVCacheBlock,
     PrefixCacheStats,

@@ -11,7 +11,7 @@ import itertools
 from collections.abc import Sequence
 
 from vjx.core.block_pool import BlockPool
-from vjx.core.kv_cache_interface import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
+from vjx.kv_cache_interface import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
 from vjx.core.kv_cache_utils import BlockHash, KVCacheBlock
 
 

@@ -58,16 +58,18 @@ class EngineCore:
         self.config = config
         self.model_executor = executor_class(config)
         start = time.perf_counter()
-        self.num_gpu_blocks = self.model_executor.determine_num_available_blocks()
+        kv_cache_config = self.model_executor.determine_kv_cache_config()
         # On devices with memory statistics, sizing loads or compiles the largest step.
         self.kv_sizing_time = time.perf_counter() - start
-        start = time.perf_counter()
-        self.model_executor.initialize(self.num_gpu_blocks)
-        self.warmup_time = time.perf_counter() - start
-        logger.info("start-up: KV sizing %.2f s, warm-up (compile) %.2f s", self.kv_sizing_time, self.warmup_time)
+        self.num_gpu_blocks = kv_cache_config.num_blocks
         is_async = config.scheduler_config.async_scheduling
         scheduler_class = AsyncScheduler if is_async else Scheduler
-        self.scheduler = scheduler_class(config.scheduler_config, config.cache_config, self.num_gpu_blocks)
+        # Before the warm-up: a pool too small for its groups is refused without compiling.
+        self.scheduler = scheduler_class(config.scheduler_config, config.cache_config, kv_cache_config)
+        start = time.perf_counter()
+        self.model_executor.initialize_from_config(kv_cache_config)
+        self.warmup_time = time.perf_counter() - start
+        logger.info("start-up: KV sizing %.2f s, warm-up (compile) %.2f s", self.kv_sizing_time, self.warmup_time)
         self.batch_queue: collections.deque[tuple[SchedulerOutput, AsyncModelRunnerOutput]] = collections.deque()
         self.step_fn = self.step_with_batch_queue if is_async else self.step
         self.profiler = StepProfiler() if config.profile_host else None

@@ -4,6 +4,7 @@ import abc
 
 from vjx.config import VjxConfig
 from vjx.core.sched.output import SchedulerOutput
+from vjx.kv_cache_interface import KVCacheConfig
 from vjx.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 
 
@@ -12,10 +13,11 @@ class Executor(abc.ABC):
         self.config = config
 
     @abc.abstractmethod
-    def determine_num_available_blocks(self) -> int: ...
+    def determine_kv_cache_config(self) -> KVCacheConfig:
+        """The model's layers grouped by KV cache spec, and the blocks the pool can hold."""
 
     @abc.abstractmethod
-    def initialize(self, num_blocks: int) -> float:
+    def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> float:
         """Allocates the KV cache and compiles every step variant; returns compile seconds."""
 
     @abc.abstractmethod

@@ -3,6 +3,7 @@
 from vjx.config import VjxConfig
 from vjx.core.sched.output import SchedulerOutput
 from vjx.executor.abstract import Executor
+from vjx.kv_cache_interface import KVCacheConfig
 from vjx.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vjx.worker.worker import Worker
 
@@ -12,11 +13,11 @@ class UniProcExecutor(Executor):
         super().__init__(config)
         self.worker = Worker(config)
 
-    def determine_num_available_blocks(self) -> int:
-        return self.worker.determine_num_available_blocks()
+    def determine_kv_cache_config(self) -> KVCacheConfig:
+        return self.worker.determine_kv_cache_config()
 
-    def initialize(self, num_blocks: int) -> float:
-        self.worker.initialize_cache(num_blocks)
+    def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> float:
+        self.worker.initialize_from_config(kv_cache_config)
         return self.worker.compile_or_warm_up_model()
 
     def execute_model(

@@ -20,6 +20,7 @@ from jaxtyping import Array, Float, Int
 
 from vjx.attention.backend import AttentionBackend
 from vjx.attention.metadata import AttentionMetadata
+from vjx.kv_cache_interface import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
 from vjx.models.layers.linear import Embedding, Linear, MergedLinear, QKVLinear
 from vjx.models.layers.norm import RMSNorm
 from vjx.models.layers.rotary import RotaryEmbedding
@@ -82,6 +83,7 @@ class LlamaAttention(nnx.Module):
         self.rotary = rotary
         self.backend = backend
         self.sm_scale = H**-0.5
+        self.head_dim = H
         self.sliding_window = args.sliding_window
 
     def __call__(
@@ -99,6 +101,13 @@ class LlamaAttention(nnx.Module):
             sm_scale=self.sm_scale, sliding_window=self.sliding_window,
         )
         return self.o_proj(out_TNH), kv_cache
+
+    def get_kv_cache_spec(self, block_size: int, num_kv_heads: int, dtype: str) -> KVCacheSpec:
+        """What this layer keeps per token; `num_kv_heads` counts the heads the cache holds."""
+        head = dict(num_kv_heads=num_kv_heads, head_size=self.head_dim, dtype=dtype)
+        if self.sliding_window is None:
+            return FullAttentionSpec(block_size, **head)
+        return SlidingWindowSpec(block_size, **head, sliding_window=self.sliding_window)
 
 
 class LlamaMLP(nnx.Module):
@@ -158,13 +167,13 @@ class LlamaModel(nnx.Module):
         input_ids: Int[Array, "T"],
         positions: Int[Array, "T"],
         kv_caches: list[Array],
-        md: AttentionMetadata,
+        attn_metadata: list[AttentionMetadata],
     ) -> tuple[Float[Array, "T D"], list[Array]]:
         # The residual stream is pinned at every layer boundary (whole on each device under
         # tensor parallelism), so each row-parallel projection ends in one all-reduce.
         x = constrain(self.embed_tokens(input_ids), ("tokens", "embed"))
         new_caches = []
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+        for layer, kv_cache, md in zip(self.layers, kv_caches, attn_metadata, strict=True):
             x, kv_cache = layer(x, positions, kv_cache, md)
             x = constrain(x, ("tokens", "embed"))
             new_caches.append(kv_cache)
@@ -197,10 +206,19 @@ class LlamaForCausalLM(nnx.Module):
         input_ids: Int[Array, "T"],
         positions: Int[Array, "T"],
         kv_caches: list[Array],
-        md: AttentionMetadata,
+        attn_metadata: list[AttentionMetadata],
     ) -> tuple[Float[Array, "T D"], list[Array]]:
-        """Runs the step's tokens; returns final hidden states and the updated caches."""
-        return self.model(input_ids, positions, kv_caches, md)
+        """Runs the step's tokens; returns final hidden states and the updated caches.
+        `kv_caches` and `attn_metadata` have one entry per layer (a layer's metadata is its
+        KV cache group's)."""
+        return self.model(input_ids, positions, kv_caches, attn_metadata)
+
+    def get_kv_cache_spec(self, block_size: int, num_kv_heads: int, dtype: str) -> dict[str, KVCacheSpec]:
+        """Each attention layer's KV cache spec, by layer name, in layer order."""
+        return {
+            f"model.layers.{i}.self_attn": layer.self_attn.get_kv_cache_spec(block_size, num_kv_heads, dtype)
+            for i, layer in enumerate(self.model.layers)
+        }
 
     def compute_logits(self, hidden: Float[Array, "R D"]) -> Float[Array, "R V"]:
         """float32 logits; computed in the model dtype and then upcast, as HF does.

@@ -1,6 +1,5 @@
-"""Hugging Face `architectures` names -> vjx model classes, and the KV cache each needs."""
+"""Hugging Face `architectures` names -> vjx model classes."""
 
-import dataclasses
 from typing import Any
 
 from flax import nnx
@@ -12,17 +11,6 @@ _MODELS: dict[str, type[nnx.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
 }
-
-
-@dataclasses.dataclass(frozen=True)
-class KVCacheSpec:
-    """What the worker needs to size and allocate the paged KV cache of a model."""
-
-    num_layers: int
-    """One cache array per layer."""
-    num_kv_heads: int
-    """KV heads the cache holds: the model's, repeated when there are fewer than TP devices."""
-    head_dim: int
 
 
 def supported_architectures() -> list[str]:
@@ -38,22 +26,6 @@ def get_model_class(hf_config: Any) -> type[nnx.Module]:
     raise ValueError(
         f"architectures {architectures} are not supported; vjx implements "
         f"{supported_architectures()}."
-    )
-
-
-def get_kv_cache_spec(hf_config: Any, tensor_parallel_size: int = 1) -> KVCacheSpec:
-    """Layers, KV heads and head dim, read the way every registered decoder reads them.
-
-    With fewer KV heads than `tensor_parallel_size`, the loader repeats each head so that
-    every device holds one (vjx/sharding/placement.py); the cache holds the repeated heads.
-    """
-    get_model_class(hf_config)
-    num_heads = hf_config.num_attention_heads
-    num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or num_heads
-    return KVCacheSpec(
-        num_layers=hf_config.num_hidden_layers,
-        num_kv_heads=num_kv_heads * kv_head_replicas(num_kv_heads, tensor_parallel_size),
-        head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads,
     )
 
 

@@ -1,4 +1,4 @@
-"""The sampling metadata of one step: a pytree of per-row device arrays and one static flag.
+"""The sampling metadata of one step: per-row device arrays and static flags.
 
 Legend: R sampled rows (the request bucket `Rs` of the step), V vocab, L token history
 length, S stop tokens per row, B bad words per row, W tokens per bad word.
@@ -17,42 +17,29 @@ makes it greedy. A row of zeros is therefore a valid padding row. Real rows alwa
 
 import dataclasses
 
-import jax
 from jaxtyping import Array, Bool, Float, Int
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class SamplingMetadata:
-    # How to draw: neutral values are temperature 1, top_k 0, top_p 1, min_p 0.
-    temperature: Float[Array, "R"]
-    """float32; a row below 1e-5 (0 in practice) is greedy: the argmax of its processed logits."""
-    top_k: Int[Array, "R"]
-    """int32; keep the k largest logits (ties at the k-th kept too). 0, or k >= V, is off."""
-    top_p: Float[Array, "R"]
-    """float32 in (0, 1]; keep the smallest set of most likely tokens with mass >= p. 1 is off."""
-    min_p: Float[Array, "R"]
-    """float32 in [0, 1]; keep tokens whose probability is >= min_p x the row's largest. 0 is off."""
-    seeds: Int[Array, "R"]
-    """int32; the row's request seed (its own `SamplingParams.seed`, else one from the engine)."""
-    positions: Int[Array, "R"]
-    """int32; output tokens the row already has. The row's key is fold_in(key(seed), position),
-    so a seeded request draws the same tokens whatever batch or row it lands in."""
+    """The fields the step computes on the device. The step input table
+    (vjx/worker/step_inputs.py) adds one field per input it routes here, in a subclass that
+    is the pytree: how to draw (`temperature`, `top_k`, `top_p`, `min_p`, `seeds`,
+    `sample_positions`), the penalties (`presence_penalty`, `frequency_penalty`,
+    `repetition_penalty`), `num_prompt_tokens`, `has_logit_bias`, `stop_token_ids` and
+    `is_below_min_tokens`, each documented there. Neutral values: temperature 1, top_k 0,
+    top_p 1, min_p 0; presence 0, frequency 0, repetition 1.
 
-    # Penalties: neutral values are presence 0, frequency 0, repetition 1.
-    presence_penalty: Float[Array, "R"]
-    """float32 in [-2, 2]; subtracted once from every token the OUTPUT holds."""
-    frequency_penalty: Float[Array, "R"]
-    """float32 in [-2, 2]; subtracted once per occurrence of a token in the OUTPUT."""
-    repetition_penalty: Float[Array, "R"]
-    """float32 > 0; divides positive (multiplies other) logits of tokens in prompt or output."""
+    A row's key is fold_in(key(seed), sample_positions), so a seeded request draws the same
+    tokens whatever batch or row it lands in. Penalties: presence and frequency count the
+    OUTPUT's tokens, repetition those of prompt and output. min_tokens: while a row is below
+    its min_tokens, its stop tokens (`stop_token_ids`, -1 padded) cannot be drawn.
+    """
 
     # The row's tokens so far, read by the penalties and the bad words.
     token_ids: Int[Array, "R L"]
     """int32; prompt then output tokens, left-aligned. Columns >= num_tokens are ignored
     (any value); ids outside [0, V) are ignored too."""
-    num_prompt_tokens: Int[Array, "R"]
-    """int32; columns [0, num_prompt_tokens) of token_ids are the prompt, the rest output."""
     num_tokens: Int[Array, "R"]
     """int32 <= L; valid columns of token_ids (prompt + output). 0 marks a padding row."""
 
@@ -64,14 +51,6 @@ class SamplingMetadata:
     allowed_token_ids; 0 elsewhere."""
     logit_bias_rows: Int[Array, "R"]
     """int32; the table row of each sampled row (read only where has_logit_bias)."""
-    has_logit_bias: Bool[Array, "R"]
-    """bool; the row's logit_bias is not all zero. When no row has one the add is skipped."""
-
-    # min_tokens: while a row is below its min_tokens, its stop tokens cannot be drawn.
-    stop_token_ids: Int[Array, "R S"]
-    """int32; the row's EOS (unless ignore_eos) and stop_token_ids, padded with -1."""
-    is_below_min_tokens: Bool[Array, "R"]
-    """bool; the row has fewer than min_tokens output tokens: its stop tokens get -inf."""
 
     # Bad words: each word's token ids, RIGHT-aligned (its last token in column W - 1),
     # left-padded with -1; a word of all -1 is no word.

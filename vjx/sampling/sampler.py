@@ -100,7 +100,7 @@ def _draw(processed: Float[Array, "R V"], md: SamplingMetadata) -> Int[Array, "R
         filtered_RV = jnp.where(is_kept_RV, scaled_RV, -jnp.inf)
     else:
         filtered_RV = processed / temperature_R[:, None]
-    keys_R = jax.vmap(_row_key)(md.seeds, md.positions)
+    keys_R = jax.vmap(_row_key)(md.seeds, md.sample_positions)
     return jax.vmap(jax.random.categorical)(keys_R, filtered_RV).astype(jnp.int32)
 
 

@@ -38,6 +38,11 @@ def kv_head_replicas(num_kv_heads: int, tensor_parallel_size: int) -> int:
     return tensor_parallel_size // num_kv_heads
 
 
+def num_cache_kv_heads(num_kv_heads: int, tensor_parallel_size: int) -> int:
+    """KV heads the cache holds: the model's, each repeated when there are fewer than devices."""
+    return num_kv_heads * kv_head_replicas(num_kv_heads, tensor_parallel_size)
+
+
 def repeat_kv_heads(tensor, logical_axes: tuple[str | None, ...], replicas: int):
     """`tensor` (numpy or jax) with each KV head on its `kv_heads` axis repeated `replicas`
     times, in place order; other tensors unchanged.

@@ -1,10 +1,11 @@
-"""The block table of the persistent batch: one row of KV block ids per request slot."""
+"""The block tables of the persistent batch: per KV cache group, one row of block ids per slot."""
 
 import numpy as np
 
 
 class BlockTable:
-    """Host copy of every slot's block ids, `[max_num_reqs, max_num_blocks_per_req]` int32.
+    """Host copy of every slot's block ids in one group, `[max_num_reqs, max_num_blocks_per_req]`
+    int32.
 
     Entries past a row's last block stay 0 (the scratch block), so a row can be sent to the
     device as it is.
@@ -37,8 +38,24 @@ class BlockTable:
         self.block_table[row, : self.num_blocks_per_row[row]] = 0
         self.num_blocks_per_row[row] = 0
 
-    def move_row(self, src: int, dst: int) -> None:
-        self.block_table[dst] = self.block_table[src]
-        self.num_blocks_per_row[dst] = self.num_blocks_per_row[src]
-        self.block_table[src] = 0
-        self.num_blocks_per_row[src] = 0
+
+class MultiGroupBlockTable:
+    """One `BlockTable` per KV cache group; block ids come per group, in group order."""
+
+    def __init__(self, max_num_reqs: int, max_num_blocks_per_req: int, num_groups: int):
+        self.block_tables = [BlockTable(max_num_reqs, max_num_blocks_per_req) for _ in range(num_groups)]
+
+    def __getitem__(self, group: int) -> BlockTable:
+        return self.block_tables[group]
+
+    def append_row(self, block_ids: tuple[list[int], ...], row: int) -> None:
+        for table, ids in zip(self.block_tables, block_ids, strict=True):
+            table.append_row(ids, row)
+
+    def add_row(self, block_ids: tuple[list[int], ...], row: int) -> None:
+        for table, ids in zip(self.block_tables, block_ids, strict=True):
+            table.add_row(ids, row)
+
+    def clear_row(self, row: int) -> None:
+        for table in self.block_tables:
+            table.clear_row(row)

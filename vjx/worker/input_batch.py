@@ -8,8 +8,9 @@ import dataclasses
 
 import numpy as np
 
-from vjx.sampling_params import MAX_MIN_TOKENS_STOP_IDS, SamplingParams
-from vjx.worker.block_table import BlockTable
+from vjx.sampling_params import SamplingParams
+from vjx.worker.block_table import MultiGroupBlockTable
+from vjx.worker.step_inputs import STEP_INPUTS, StepInput, StepInputTable, min_tokens_stop_ids
 
 
 @dataclasses.dataclass
@@ -20,7 +21,8 @@ class CachedRequestState:
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     seed: int
-    block_ids: list[int]
+    block_ids: tuple[list[int], ...]
+    """Per KV cache group, the request's blocks in order."""
     eos_token_id: int | None = None
     output_token_ids: list[int] = dataclasses.field(default_factory=list)
     """The tokens sampled so far, kept while the request is out of the batch; in the batch
@@ -31,37 +33,36 @@ class CachedRequestState:
 
 
 class InputBatch:
-    """Numpy buffers indexed by slot; a slot holds one request until it leaves the batch."""
+    """Numpy buffers indexed by slot; a slot holds one request until it leaves the batch.
 
-    def __init__(self, max_num_reqs: int, max_model_len: int, max_num_blocks_per_req: int):
+    `columns` has one array per request column of the step input table, `[max_num_reqs,
+    *width]` of the field's dtype and padding, written when a request enters; the other
+    buffers are the runner's own bookkeeping.
+    """
+
+    def __init__(self, max_num_reqs: int, max_model_len: int, max_num_blocks_per_req: int,
+                 num_kv_cache_groups: int = 1, table: StepInputTable = STEP_INPUTS):
         self.max_num_reqs = max_num_reqs
+        self.table = table
         self.req_ids: list[str | None] = [None] * max_num_reqs
         self.req_id_to_index: dict[str, int] = {}
         self.slot_versions = np.zeros(max_num_reqs, np.int64)
         """Bumped whenever a slot's request enters or leaves: a step's rows still hold the
         requests they held at dispatch where the versions are unchanged."""
         self._free_slots = list(range(max_num_reqs - 1, -1, -1))
+        dims = {"R": max_num_reqs}
+        self.columns = {row.name: np.full(row.shape(dims), row.padding, row.dtype) for row in table.request_columns}
         self.token_ids_cpu = np.zeros((max_num_reqs, max_model_len), np.int32)
         self.num_tokens = np.zeros(max_num_reqs, np.int32)
-        self.num_prompt_tokens = np.zeros(max_num_reqs, np.int32)
+        self.num_prompt_tokens = self.columns["num_prompt_tokens"]
+        self.num_logprobs = self.columns["num_logprobs"]
         self.num_computed_tokens = np.zeros(max_num_reqs, np.int32)
-        self.temperature = np.zeros(max_num_reqs, np.float32)
-        self.top_k = np.zeros(max_num_reqs, np.int32)
-        self.top_p = np.ones(max_num_reqs, np.float32)
-        self.seeds = np.zeros(max_num_reqs, np.int32)
-        self.min_p = np.zeros(max_num_reqs, np.float32)
-        self.presence_penalty = np.zeros(max_num_reqs, np.float32)
-        self.frequency_penalty = np.zeros(max_num_reqs, np.float32)
-        self.repetition_penalty = np.ones(max_num_reqs, np.float32)
-        self.num_logprobs = np.full(max_num_reqs, -1, np.int32)
         self.num_prompt_logprobs = np.full(max_num_reqs, -1, np.int32)
         self.min_tokens = np.zeros(max_num_reqs, np.int32)
-        self.has_logit_bias = np.zeros(max_num_reqs, bool)
         self.uses_general_step = np.zeros(max_num_reqs, bool)
         """The request filters, processes its logits or wants logprobs: its steps need the
         GENERAL step variant (min_tokens and prompt logprobs are decided per step)."""
-        self.min_tokens_stop_ids = np.full((max_num_reqs, MAX_MIN_TOKENS_STOP_IDS), -1, np.int32)
-        self.block_table = BlockTable(max_num_reqs, max_num_blocks_per_req)
+        self.block_table = MultiGroupBlockTable(max_num_reqs, max_num_blocks_per_req, num_kv_cache_groups)
 
     @property
     def num_reqs(self) -> int:
@@ -72,38 +73,27 @@ class InputBatch:
         self.slot_versions[row] += 1
         self.req_ids[row] = state.req_id
         self.req_id_to_index[state.req_id] = row
-        num_prompt = len(state.prompt_token_ids)
         tokens = state.prompt_token_ids + state.output_token_ids
         self.token_ids_cpu[row, : len(tokens)] = tokens
         self.num_tokens[row] = len(tokens)
-        self.num_prompt_tokens[row] = num_prompt
         self.num_computed_tokens[row] = num_computed_tokens
+        for column in self.table.request_columns:
+            self._set_column(column, row, column.source.value(state))
         params = state.sampling_params
-        self.temperature[row] = params.temperature
-        self.top_k[row] = params.top_k
-        self.top_p[row] = params.top_p
-        self.seeds[row] = state.seed
-        self.min_p[row] = params.min_p
-        self.presence_penalty[row] = params.presence_penalty
-        self.frequency_penalty[row] = params.frequency_penalty
-        self.repetition_penalty[row] = params.repetition_penalty
-        self.num_logprobs[row] = -1 if params.logprobs is None else params.logprobs
         wants_prompt_logprobs = params.prompt_logprobs is not None and not state.has_sent_prompt_logprobs
         self.num_prompt_logprobs[row] = params.prompt_logprobs if wants_prompt_logprobs else -1
-        self._set_min_tokens(row, state)
-        self.has_logit_bias[row] = bool(params.logit_bias or params.allowed_token_ids)
+        self.min_tokens[row] = params.min_tokens if min_tokens_stop_ids(state) else 0
         self.uses_general_step[row] = _uses_general_step(params)
         self.block_table.add_row(state.block_ids, row)
         return row
 
-    def _set_min_tokens(self, row: int, state: CachedRequestState) -> None:
-        params = state.sampling_params
-        stop_ids = list(params.stop_token_ids)
-        if state.eos_token_id is not None and not params.ignore_eos:
-            stop_ids.append(state.eos_token_id)
-        self.min_tokens[row] = params.min_tokens if stop_ids else 0
-        self.min_tokens_stop_ids[row] = -1
-        self.min_tokens_stop_ids[row, : len(stop_ids)] = stop_ids
+    def _set_column(self, column: StepInput, row: int, value) -> None:
+        if column.width is None:
+            self.columns[column.name][row] = value
+            return
+        entries = self.columns[column.name][row]
+        entries[...] = column.padding
+        entries[: len(value)] = value
 
     def remove_request(self, req_id: str) -> list[int] | None:
         """Frees the request's slot; returns the tokens it sampled so far (None if absent)."""

@@ -22,6 +22,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vjx.config import VjxConfig
+from vjx.kv_cache_interface import KVCacheConfig
 from vjx.core.sched.output import CachedRequestData, SchedulerOutput
 from vjx.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vjx.sharding.placement import filled
@@ -44,17 +45,22 @@ class ModelRunner:
     the packed inputs, the previous step's tokens) is replicated over `mesh`.
     """
 
-    def __init__(self, config: VjxConfig, model: nnx.Module, kv_caches: list[jax.Array], mesh: Mesh):
-        """`kv_caches`: one array per layer, in the attention backend's layout, on `mesh`."""
+    def __init__(self, config: VjxConfig, model: nnx.Module, kv_caches: dict[str, jax.Array], mesh: Mesh,
+                 kv_cache_config: KVCacheConfig):
+        """`kv_caches`: one array per layer name, in model order, in the attention backend's
+        layout, on `mesh`; `kv_cache_config` groups the layers, each group with its own block
+        table."""
         sched = config.scheduler_config
         self.mesh = mesh
         self.replicated = NamedSharding(mesh, PartitionSpec())
-        self.block_size = config.cache_config.block_size
+        self.block_size = kv_cache_config.block_size
         self.max_num_reqs = sched.max_num_seqs
         max_blocks = -(-sched.max_model_len // self.block_size)
-        self.input_batch = InputBatch(self.max_num_reqs, sched.max_model_len, max_blocks)
+        self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
+        self.layer_group_ids = kv_cache_config.layer_group_ids(kv_caches)
+        self.input_batch = InputBatch(self.max_num_reqs, sched.max_model_len, max_blocks, self.num_kv_cache_groups)
         self.requests: dict[str, CachedRequestState] = {}
-        self.kv_caches = kv_caches
+        self.kv_caches = list(kv_caches.values())
         self.history = filled((self.max_num_reqs, sched.max_model_len), np.int32, 0, self.replicated)
         self.slot_tables = SlotTables(self.max_num_reqs, config.model_config.hf_config.vocab_size,
                                       self.replicated)
@@ -62,7 +68,7 @@ class ModelRunner:
         self.param_leaves, self.treedef = jax.tree.flatten(state)
         self.layouts = {
             t: StepLayout(t, min(t, self.max_num_reqs), self.max_num_reqs, max_blocks,
-                          config.model_config.max_logprobs)
+                          config.model_config.max_logprobs, self.num_kv_cache_groups)
             for t in token_buckets(sched.max_num_batched_tokens)
         }
         # Two host buffers per bucket, used in turn: the CPU backend may alias a numpy array
@@ -98,7 +104,7 @@ class ModelRunner:
         state = (self.param_leaves, self.kv_caches, self.history, self.slot_tables.arrays)
 
         def compile_fn():
-            return compile_step(layout, self.graphdef, self.treedef, *state, self.mesh)
+            return compile_step(layout, self.layer_group_ids, self.graphdef, self.treedef, *state, self.mesh)
 
         if executable_cache is None:
             return compile_fn()
@@ -154,7 +160,7 @@ class ModelRunner:
                 prompt_token_ids=new.prompt_token_ids,
                 sampling_params=new.sampling_params,
                 seed=(seed if seed is not None else int(self._seed_rng.integers(_SEED_MASK))) & _SEED_MASK,
-                block_ids=list(new.block_ids[0]),
+                block_ids=tuple(list(ids) for ids in new.block_ids),
                 eos_token_id=new.eos_token_id,
             )
             self.requests[new.req_id] = state
@@ -180,17 +186,18 @@ class ModelRunner:
         batch.num_computed_tokens[rows] = cached.num_computed_tokens
 
     def _update_cached_request(self, state, num_computed, new_block_ids, resumed) -> int:
-        """Applies the request's new blocks (all its blocks when resumed); returns its row."""
-        new_ids = list(new_block_ids[0]) if new_block_ids is not None else []
+        """Applies the request's new blocks, per group (all its blocks when resumed); returns
+        its row."""
         if resumed:
-            state.block_ids = new_ids
-        else:
-            state.block_ids.extend(new_ids)
+            state.block_ids = tuple(list(ids) for ids in new_block_ids)
+        elif new_block_ids is not None:
+            for ids, new_ids in zip(state.block_ids, new_block_ids, strict=True):
+                ids.extend(new_ids)
         row = self.input_batch.req_id_to_index.get(state.req_id)
         if row is None:
             return self._add_to_batch(state, num_computed)
-        if new_ids:
-            self.input_batch.block_table.append_row(new_ids, row)
+        if new_block_ids is not None and not resumed:
+            self.input_batch.block_table.append_row(new_block_ids, row)
         return row
 
     def _order_rows(self, so: SchedulerOutput) -> tuple[np.ndarray, np.ndarray]:
@@ -216,34 +223,40 @@ class ModelRunner:
         self._num_steps += 1
         buffer = self._packed[layout.num_tokens][self._num_steps % 2]
         buffer.reset()
-        f = buffer.fields
         num_rows, total = len(rows), int(num_tokens.sum())
         start = batch.num_computed_tokens[rows]
         cu = np.cumsum(num_tokens)
         row_of_token = np.repeat(np.arange(num_rows), num_tokens)
         positions = start[row_of_token] + np.arange(total) - (cu - num_tokens)[row_of_token]
         token_rows = rows[row_of_token]
-        f["input_ids"][:total] = batch.token_ids_cpu[token_rows, positions]
         # A token not on the host yet was sampled by the last dispatched step, for the
         # request that holds the same slot now (a request changes slots only off the batch).
         is_pending = positions >= batch.num_tokens[token_rows]
-        f["prev_sampled_index"][:total][is_pending] = self._sample_index_by_slot[token_rows[is_pending]]
+        prev_sampled_index = np.full(total, -1, np.int32)
+        prev_sampled_index[is_pending] = self._sample_index_by_slot[token_rows[is_pending]]
         num_pending = np.bincount(row_of_token[is_pending], minlength=num_rows)
-        f["positions"][:total] = positions
-        f["token_slots"][:total] = token_rows
-        targets = f["prompt_logprobs_targets"]
+        targets = np.full(total, -1, np.int32)
         has_target = ((batch.num_prompt_logprobs[token_rows] >= 0)
                       & (positions + 1 < batch.num_prompt_tokens[token_rows]))
-        targets[:total][has_target] = batch.token_ids_cpu[token_rows[has_target], positions[has_target] + 1]
-        table = batch.block_table
-        blocks = table.block_table[token_rows, positions // self.block_size]
-        f["slot_mapping"][:total] = blocks * self.block_size + positions % self.block_size
-        f["query_start_loc"][1 : num_rows + 1] = cu
-        f["query_start_loc"][num_rows + 1 :] = total
-        f["seq_lens"][:num_rows] = start + num_tokens
-        f["num_seqs"][0] = num_rows
-        buffer.set_block_tables(table.block_table, rows, int(table.num_blocks_per_row[rows].max()))
-        self._prepare_sampling(f, rows, cu - 1, num_pending)
+        targets[has_target] = batch.token_ids_cpu[token_rows[has_target], positions[has_target] + 1]
+        query_start_loc = np.full(layout.num_reqs + 1, total, np.int32)
+        query_start_loc[0] = 0
+        query_start_loc[1 : num_rows + 1] = cu
+        values = {
+            "input_ids": batch.token_ids_cpu[token_rows, positions],
+            "prev_sampled_index": prev_sampled_index,
+            "positions": positions,
+            "slot_mapping": self._slot_mapping(token_rows, positions),
+            "token_slots": token_rows,
+            "prompt_logprobs_targets": targets,
+            "query_start_loc": query_start_loc,
+            "seq_lens": start + num_tokens,
+            "num_seqs": np.array([num_rows], np.int32),
+            **self._prepare_sampling(rows, cu - 1, num_pending),
+        }
+        layout.table.fill(buffer.fields, batch.columns, rows, values)
+        for group, table in enumerate(batch.block_table.block_tables):
+            buffer.set_block_tables(table.block_table, rows, int(table.num_blocks_per_row[rows].max()), group)
         record = StepRecord(
             req_ids=[batch.req_ids[row] for row in rows.tolist()],
             rows=rows,
@@ -256,25 +269,24 @@ class ModelRunner:
         )
         return buffer, record
 
-    def _prepare_sampling(self, f: dict[str, np.ndarray], rows, logits_indices, num_pending) -> None:
-        batch, num_rows = self.input_batch, len(rows)
-        f["logits_indices"][:num_rows] = logits_indices
-        f["temperature"][:num_rows] = batch.temperature[rows]
-        f["top_k"][:num_rows] = batch.top_k[rows]
-        f["top_p"][:num_rows] = batch.top_p[rows]
-        f["seeds"][:num_rows] = batch.seeds[rows]
-        f["sample_slots"][:num_rows] = rows
-        f["min_p"][:num_rows] = batch.min_p[rows]
-        f["presence_penalty"][:num_rows] = batch.presence_penalty[rows]
-        f["frequency_penalty"][:num_rows] = batch.frequency_penalty[rows]
-        f["repetition_penalty"][:num_rows] = batch.repetition_penalty[rows]
-        f["num_prompt_tokens"][:num_rows] = batch.num_prompt_tokens[rows]
-        f["num_logprobs"][:num_rows] = batch.num_logprobs[rows]
-        f["has_logit_bias"][:num_rows] = batch.has_logit_bias[rows]
+    def _slot_mapping(self, token_rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Per KV cache group, the cache slot each token's K/V goes to: `[G, tokens]`."""
+        block_index, offsets = positions // self.block_size, positions % self.block_size
+        tables = self.input_batch.block_table.block_tables
+        return np.stack([table.block_table[token_rows, block_index] * self.block_size + offsets
+                         for table in tables])
+
+    def _prepare_sampling(self, rows: np.ndarray, logits_indices: np.ndarray,
+                          num_pending: np.ndarray) -> dict[str, np.ndarray]:
+        """The sampled rows' values the step derives (the request columns are copied as they are)."""
+        batch = self.input_batch
         num_outputs = batch.num_tokens[rows] + num_pending - batch.num_prompt_tokens[rows]
-        f["sample_positions"][:num_rows] = num_outputs
-        f["is_below_min_tokens"][:num_rows] = num_outputs < batch.min_tokens[rows]
-        f["stop_token_ids"][:num_rows] = batch.min_tokens_stop_ids[rows]
+        return {
+            "logits_indices": logits_indices,
+            "sample_slots": rows,
+            "sample_positions": num_outputs,
+            "is_below_min_tokens": num_outputs < batch.min_tokens[rows],
+        }
 
     def _collect(self, record: StepRecord, sampled, logprobs, prompt_logprobs) -> ModelRunnerOutput:
         """Waits for a step's tokens and appends each to its request.

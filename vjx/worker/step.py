@@ -5,8 +5,11 @@ One step is `(param_leaves, kv_caches, history, slot_tables, prev_sampled, packe
 for penalties) are donated, so they are updated in place. `prev_sampled` is the previous
 step's output, still on the device: with async scheduling a step is planned before its
 predecessor's tokens reach the host, and the tokens it needs are read from there
-(`prev_sampled_index`, -1 for tokens the host knows). The packed buffer's fields are listed
-in step_layout.py.
+(`prev_sampled_index`, -1 for tokens the host knows). The packed buffer's fields are the
+step input table's (step_inputs.py).
+
+Legend: N history rows (one per slot; a padding token's slot N writes nowhere), L max_model_len,
+M max_num_reqs, P the packed buffer's length.
 """
 
 import functools
@@ -16,8 +19,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jaxtyping import Array, Int
 
-from vjx.attention.metadata import AttentionMetadata
 from vjx.sampling.logprobs import compute_logprobs
 from vjx.sampling.metadata import SamplingMetadata
 from vjx.sampling.sampler import sample
@@ -38,20 +41,12 @@ def enable_compilation_cache() -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
 
-def _attention_metadata(layout: StepLayout, f: dict) -> AttentionMetadata:
-    return AttentionMetadata(
-        slot_mapping=f["slot_mapping"],
-        query_start_loc=f["query_start_loc"],
-        seq_lens=f["seq_lens"],
-        block_tables=f["block_tables"],
-        num_seqs=f["num_seqs"],
-    )
-
-
-def _sampling_metadata(layout: StepLayout, f: dict, history, slot_tables) -> SamplingMetadata:
-    """Sampled row i is attention row i (rows are in the same order); padding rows have no
-    tokens, so no penalty touches them. The history is gathered only when some row needs it;
-    the bias table goes to the sampler whole and is read there only for rows with a bias."""
+def _sampling_metadata(layout: StepLayout, f: dict[str, Array], history: Int[Array, "N L"],
+                       slot_tables: tuple[Array, Array]) -> SamplingMetadata:
+    """The table's sampling fields, and those computed here. Sampled row i is attention row i
+    (rows are in the same order); padding rows have no tokens, so no penalty touches them.
+    The history is gathered only when some row needs it; the bias table goes to the sampler
+    whole and is read there only for rows with a bias."""
     rs = layout.num_reqs
     slot_bias, slot_bad_words = slot_tables
     num_tokens = jnp.where(jnp.arange(rs) < f["num_seqs"][0], f["seq_lens"][:rs], 0)
@@ -63,24 +58,12 @@ def _sampling_metadata(layout: StepLayout, f: dict, history, slot_tables) -> Sam
     token_ids = no_history
     if layout.features.may_process:
         token_ids = jax.lax.cond(needs_history, lambda: history[f["sample_slots"]], lambda: no_history)
-    return SamplingMetadata(
-        temperature=f["temperature"],
-        top_k=f["top_k"],
-        top_p=f["top_p"],
-        min_p=f["min_p"],
-        seeds=f["seeds"],
-        positions=f["sample_positions"],
-        presence_penalty=f["presence_penalty"],
-        frequency_penalty=f["frequency_penalty"],
-        repetition_penalty=f["repetition_penalty"],
+    return layout.table.sampling_metadata(
+        f,
         token_ids=token_ids,
-        num_prompt_tokens=f["num_prompt_tokens"],
         num_tokens=num_tokens,
         logit_bias=slot_bias,
         logit_bias_rows=f["sample_slots"],
-        has_logit_bias=f["has_logit_bias"] > 0,
-        stop_token_ids=f["stop_token_ids"],
-        is_below_min_tokens=f["is_below_min_tokens"] > 0,
         bad_words=bad_words,
         may_filter=layout.features.may_filter,
         may_process=layout.features.may_process,
@@ -131,11 +114,13 @@ def _logits(model, hidden):
     return replicate(model.compute_logits(hidden))
 
 
-def model_step(layout: StepLayout, graphdef, treedef, param_leaves, kv_caches, history, slot_tables,
-               prev_sampled, packed):
+def model_step(layout: StepLayout, layer_group_ids: tuple[int, ...], graphdef, treedef, param_leaves: list[Array],
+               kv_caches: list[Array], history: Int[Array, "N L"], slot_tables: tuple[Array, Array],
+               prev_sampled: Int[Array, " M"], packed: Int[Array, " P"]):
     """Forward the step's tokens, write their KV, and sample one token per row.
 
-    The sampled ids are padded to R rows, so every variant returns (and takes back as
+    Layer i attends with its KV cache group's metadata (`layer_group_ids[i]`). The sampled ids
+    are padded to M = max_num_reqs rows, so every variant returns (and takes back as
     `prev_sampled`) the same shape.
     """
     f = layout.unpack(packed)
@@ -143,7 +128,9 @@ def model_step(layout: StepLayout, graphdef, treedef, param_leaves, kv_caches, h
     input_ids = jnp.where(prev_index >= 0, prev_sampled[jnp.maximum(prev_index, 0)], f["input_ids"])
     history = history.at[f["token_slots"], f["positions"]].set(input_ids, mode="drop")
     model = nnx.merge(graphdef, jax.tree.unflatten(treedef, param_leaves))
-    hidden, kv_caches = model(input_ids, f["positions"], kv_caches, _attention_metadata(layout, f))
+    group_metadata = layout.table.attention_metadata(f, layout.num_kv_cache_groups)
+    attn_metadata = [group_metadata[g] for g in layer_group_ids]
+    hidden, kv_caches = model(input_ids, f["positions"], kv_caches, attn_metadata)
     logits = _logits(model, hidden[f["logits_indices"]])
     sampled = sample(logits, _sampling_metadata(layout, f, history, slot_tables))
     logprobs = _sample_logprobs(layout, logits, sampled, f["num_logprobs"])
@@ -152,8 +139,8 @@ def model_step(layout: StepLayout, graphdef, treedef, param_leaves, kv_caches, h
     return kv_caches, history, sampled, logprobs, prompt_logprobs
 
 
-def compile_step(layout: StepLayout, graphdef, treedef, param_leaves, kv_caches, history, slot_tables,
-                 mesh: Mesh):
+def compile_step(layout: StepLayout, layer_group_ids: tuple[int, ...], graphdef, treedef, param_leaves,
+                 kv_caches, history, slot_tables, mesh: Mesh):
     """AOT-compiles the step for one layout on `mesh`; the result is called with real arrays.
 
     Params and KV caches keep the shardings they were placed with (the cache goes out as it
@@ -165,7 +152,7 @@ def compile_step(layout: StepLayout, graphdef, treedef, param_leaves, kv_caches,
     state = (param_leaves, kv_caches, history, slot_tables)
     state_shardings = jax.tree.map(lambda x: x.sharding, state)
     fn = jax.jit(
-        functools.partial(model_step, layout, graphdef, treedef),
+        functools.partial(model_step, layout, layer_group_ids, graphdef, treedef),
         in_shardings=(*state_shardings, replicated, replicated),
         out_shardings=(state_shardings[1], state_shardings[2], replicated, replicated, replicated),
         donate_argnums=(1, 2),

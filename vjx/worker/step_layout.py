@@ -4,7 +4,8 @@ Every input of a step travels in ONE int32 buffer (float fields bit-cast into it
 with one transfer and sliced on the device at static offsets.
 
 Legend: T tokens (the bucket), R request rows, each attended and sampled: `min(T,
-max_num_seqs)`, since every scheduled row has at least one token; W block table width.
+max_num_seqs)`, since every scheduled row has at least one token; G KV cache groups; W block
+table width; N the buffer's length.
 """
 
 import dataclasses
@@ -13,12 +14,11 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array, Int
 
-from vjx.sampling_params import MAX_MIN_TOKENS_STOP_IDS
+from vjx.worker.step_inputs import STEP_INPUTS, StepInputTable
 
 _MIN_TOKEN_BUCKET = 16
-_FLOAT_FIELDS = frozenset({"temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
-                           "repetition_penalty"})
 
 
 def token_buckets(max_num_batched_tokens: int) -> list[int]:
@@ -58,50 +58,23 @@ PLAIN = StepFeatures(may_filter=False, may_process=False, has_logprobs=False, ha
 @dataclasses.dataclass(frozen=True)
 class StepLayout:
     """Field offsets of the packed buffer for one bucket (all sizes static), and the compiled
-    variant's features (which do not change the buffer)."""
+    variant's features (which do not change the buffer). The fields are the table's
+    (vjx/worker/step_inputs.py), in its order."""
 
     num_tokens: int  # T
     num_reqs: int  # R
     max_num_reqs: int  # length of the sampled-token array, the same for every bucket
     max_num_blocks_per_req: int  # W
     max_logprobs: int  # K: static width of the logprobs the step returns
+    num_kv_cache_groups: int = 1  # G: one block table and slot mapping each
     features: StepFeatures = GENERAL
+    table: StepInputTable = dataclasses.field(default=STEP_INPUTS, repr=False, compare=False)
 
     @functools.cached_property
     def shapes(self) -> dict[str, tuple[int, ...]]:
-        t, r = self.num_tokens, self.num_reqs
-        return {
-            # per token
-            "input_ids": (t,),
-            "prev_sampled_index": (t,),  # -1: the host knows the token
-            "positions": (t,),
-            "slot_mapping": (t,),
-            "token_slots": (t,),  # persistent-batch slot (R: padding), for the token history
-            "prompt_logprobs_targets": (t,),  # next prompt token when asked for, else -1
-            # per attention row
-            "query_start_loc": (r + 1,),
-            "seq_lens": (r,),
-            "num_seqs": (1,),
-            # per sampled row (row i is attention row i)
-            "logits_indices": (r,),
-            "sample_slots": (r,),
-            "temperature": (r,),
-            "top_k": (r,),
-            "top_p": (r,),
-            "min_p": (r,),
-            "presence_penalty": (r,),
-            "frequency_penalty": (r,),
-            "repetition_penalty": (r,),
-            "seeds": (r,),
-            "sample_positions": (r,),
-            "num_prompt_tokens": (r,),
-            "num_logprobs": (r,),  # -1: none
-            "is_below_min_tokens": (r,),
-            "has_logit_bias": (r,),
-            "stop_token_ids": (r, MAX_MIN_TOKENS_STOP_IDS),  # padded with -1
-            # last, so the fields before it are cleared with one fill (see PackedBuffer)
-            "block_tables": (r, self.max_num_blocks_per_req),
-        }
+        dims = {"T": self.num_tokens, "R": self.num_reqs, "R1": self.num_reqs + 1, "1": 1,
+                "G": self.num_kv_cache_groups, "max_num_blocks_per_req": self.max_num_blocks_per_req}
+        return {row.name: row.shape(dims) for row in self.table.inputs}
 
     @functools.cached_property
     def fields(self) -> dict[str, tuple[int, int]]:
@@ -114,17 +87,9 @@ class StepLayout:
 
     @functools.cached_property
     def padding(self) -> dict[str, float | int]:
-        """The value of each field's entries that no token or row of the step fills (fields
-        not named here pad with 0)."""
-        return {
-            "prev_sampled_index": -1,
-            "token_slots": self.max_num_reqs,  # the history's scratch row
-            "prompt_logprobs_targets": -1,
-            "top_p": 1.0,
-            "repetition_penalty": 1.0,
-            "num_logprobs": -1,
-            "stop_token_ids": -1,
-        }
+        """The value of each field's entries that no token or row of the step fills."""
+        return {row.name: getattr(self, row.padding) if isinstance(row.padding, str) else row.padding
+                for row in self.table.inputs}
 
     @property
     def size(self) -> int:
@@ -134,47 +99,52 @@ class StepLayout:
         """The host buffer's slice for `name`, in its shape (float fields as float32)."""
         start, end = self.fields[name]
         part = packed[start:end].reshape(self.shapes[name])
-        return part.view(np.float32) if name in _FLOAT_FIELDS else part
+        return part.view(np.float32) if self.table[name].dtype is np.float32 else part
 
-    def unpack(self, packed: jax.Array) -> dict[str, jax.Array]:
+    def unpack(self, packed: Int[Array, " N"]) -> dict[str, Array]:
         """Every field as a device array of its shape and dtype."""
         out = {}
-        for name, (start, end) in self.fields.items():
-            part = packed[start:end].reshape(self.shapes[name])
-            if name in _FLOAT_FIELDS:
+        for row in self.table.inputs:
+            start, end = self.fields[row.name]
+            part = packed[start:end].reshape(self.shapes[row.name])
+            if row.dtype is np.float32:
                 part = jax.lax.bitcast_convert_type(part, jnp.float32)
-            out[name] = part
+            elif row.dtype is np.bool_:
+                part = part != 0
+            out[row.name] = part
         return out
 
 
 class PackedBuffer:
     """One host buffer of a layout, reused step after step, with a view of every field.
 
-    Every field but the block table is reset to its padding and rewritten each step. The
-    block table is most of the buffer (R x W) and mostly zeros (the scratch block, past each
-    row's last block), so only its used corner changes: the rows x blocks the buffer's previous step
-    wrote are cleared, then this step's are copied in. The buffer then holds exactly what a
-    whole refill would give.
+    Every field but the block tables is reset to its padding and rewritten each step. The
+    block tables are most of the buffer (G x R x W) and mostly zeros (the scratch block, past
+    each row's last block), so only their used corners change: the rows x blocks of each
+    group the buffer's previous step wrote are cleared, then this step's are copied in. The
+    buffer then holds exactly what a whole refill would give.
     """
 
     def __init__(self, layout: StepLayout):
+        self.layout = layout
         self.data = np.zeros(layout.size, np.int32)
         self.fields = {name: layout.view(self.data, name) for name in layout.shapes}
         for name, value in layout.padding.items():
             self.fields[name][...] = value
         self._head = self.data[: layout.fields["block_tables"][0]]
         self._padding = self._head.copy()
-        self._table_extent = (0, 0)
-        """(rows, blocks) of the block table's corner that holds entries."""
+        self._table_extents = [(0, 0)] * layout.num_kv_cache_groups
+        """Per group, (rows, blocks) of the block table's corner that holds entries."""
 
     def reset(self) -> None:
-        """Every field but the block table back to its padding (`StepLayout.padding`), in one copy."""
+        """Every field but the block tables back to its padding (`StepLayout.padding`), in one copy."""
         np.copyto(self._head, self._padding)
 
-    def set_block_tables(self, block_table: np.ndarray, rows: np.ndarray, num_blocks: int) -> None:
-        """Rows `rows` of `block_table` (entries past `num_blocks` are all zero) as rows 0.. ."""
-        table = self.fields["block_tables"]
-        num_used_rows, num_used_blocks = self._table_extent
+    def set_block_tables(self, block_table: np.ndarray, rows: np.ndarray, num_blocks: int, group: int = 0) -> None:
+        """Rows `rows` of KV cache group `group`'s `block_table` (entries past `num_blocks` are
+        all zero) as rows 0.. of the group's table."""
+        table = self.fields["block_tables"][group]
+        num_used_rows, num_used_blocks = self._table_extents[group]
         table[:num_used_rows, :num_used_blocks] = 0
         table[: len(rows), :num_blocks] = block_table[rows, :num_blocks]
-        self._table_extent = (len(rows), num_blocks)
+        self._table_extents[group] = (len(rows), num_blocks)

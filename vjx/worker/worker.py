@@ -6,6 +6,7 @@ heads, in the attention backend's own layout), and attention runs per device on 
 """
 
 import logging
+import math
 import time
 
 import jax
@@ -16,10 +17,10 @@ from vjx.attention.sharded import ShardedBackend
 from vjx.config import VjxConfig
 from vjx.core.sched.output import SchedulerOutput
 from vjx.models.loader import get_model
-from vjx.models.registry import get_kv_cache_spec
+from vjx.kv_cache_interface import AttentionSpec, KVCacheConfig, KVCacheSpec, get_kv_cache_groups
 from vjx.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vjx.sharding.mesh import make_mesh
-from vjx.sharding.placement import filled
+from vjx.sharding.placement import filled, num_cache_kv_heads
 from vjx.sharding.rules import logical_sharding
 from vjx.worker.executable_cache import ExecutableCache
 from vjx.worker.model_runner import ModelRunner
@@ -27,8 +28,8 @@ from vjx.worker.step import enable_compilation_cache
 
 logger = logging.getLogger(__name__)
 
-# Hosts without device memory statistics (the CPU backend) get a fixed KV cache budget per
-# device, like vLLM's CPU backend.
+# Hosts without device memory statistics (the CPU backend) get at most this KV cache budget
+# per device, like vLLM's CPU backend.
 _HOST_KV_CACHE_BYTES = 4 << 30
 
 
@@ -45,8 +46,7 @@ class Worker:
         self.load_time = time.perf_counter() - start
         logger.info("loaded %s in %.1f s on %d device(s)", config.model_config.model, self.load_time,
                     self.mesh.size)
-        tp = config.parallel_config.tensor_parallel_size
-        self.kv_cache_spec = get_kv_cache_spec(config.model_config.hf_config, tp)
+        self.kv_cache_specs = self.get_kv_cache_spec()
         self.kv_cache_sharding = logical_sharding(self.mesh, self.backend.kv_cache_axes)
         self.model_runner: ModelRunner | None = None
         self.executable_cache = ExecutableCache.in_compilation_cache_dir(config, self.mesh)
@@ -55,28 +55,43 @@ class Worker:
     def _kv_dtype(self):
         return jnp.dtype(self.config.model_config.dtype)
 
-    def _kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
-        spec = self.kv_cache_spec
-        return self.backend.kv_cache_shape(
-            num_blocks, self.config.cache_config.block_size, spec.num_kv_heads, spec.head_dim
-        )
+    def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
+        """Each attention layer's spec, in model order. With fewer KV heads than
+        `tensor_parallel_size`, the loader repeats each head so that every device holds one
+        (vjx/sharding/placement.py); the cache holds the repeated heads."""
+        hf_config = self.config.model_config.hf_config
+        num_heads = hf_config.num_attention_heads
+        num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or num_heads
+        num_kv_heads = num_cache_kv_heads(num_kv_heads, self.config.parallel_config.tensor_parallel_size)
+        return self.model.get_kv_cache_spec(self.config.cache_config.block_size, num_kv_heads,
+                                            self.config.model_config.dtype)
+
+    def _kv_cache_shape(self, spec: AttentionSpec, num_blocks: int) -> tuple[int, ...]:
+        return self.backend.kv_cache_shape(num_blocks, spec.block_size, spec.num_kv_heads, spec.head_size)
 
     def get_kv_block_bytes(self) -> int:
-        """Bytes one KV block takes over all layers, on one device (its share of the heads)."""
-        per_layer = self._kv_dtype.itemsize
-        for dim in self._kv_cache_shape(1):
-            per_layer *= dim
-        return per_layer * self.kv_cache_spec.num_layers // self.mesh.size
+        """Bytes one KV block id takes over all layers, on one device (its share of the heads)."""
+        total = 0
+        for spec in self.kv_cache_specs.values():
+            total += self._kv_dtype.itemsize * math.prod(self._kv_cache_shape(spec, 1))
+        return total // self.mesh.size
+
+    def determine_kv_cache_config(self) -> KVCacheConfig:
+        """The layers grouped by spec, and as many blocks as the memory left holds."""
+        return KVCacheConfig(self.determine_num_available_blocks(), get_kv_cache_groups(self.kv_cache_specs))
 
     def determine_num_available_blocks(self) -> int:
-        """KV blocks that fit the memory left after weights and activations, on the fullest
-        device of the mesh."""
+        """KV blocks that fit `kv_cache_memory_bytes`, else the memory left after weights and
+        activations on the fullest device of the mesh; on a host without memory statistics
+        (the CPU), what `max_num_seqs` requests of `max_model_len` tokens need, at most 4 GiB."""
         cache_config = self.config.cache_config
         if cache_config.num_gpu_blocks_override is not None:
             return cache_config.num_gpu_blocks_override
         all_stats = [device.memory_stats() for device in self.mesh.devices.flat]
-        if any(stats is None for stats in all_stats):
-            budget = _HOST_KV_CACHE_BYTES
+        if cache_config.kv_cache_memory_bytes is not None:
+            budget = cache_config.kv_cache_memory_bytes
+        elif any(stats is None for stats in all_stats):
+            budget = min(_HOST_KV_CACHE_BYTES, self._max_num_seqs_blocks() * self.get_kv_block_bytes())
         else:
             budget = min(stats["bytes_limit"] * cache_config.gpu_memory_utilization - stats["bytes_in_use"]
                          for stats in all_stats)
@@ -85,27 +100,40 @@ class Worker:
         if num_blocks < 2:
             raise ValueError(
                 "no memory is left for the KV cache: raise gpu_memory_utilization "
-                f"(now {cache_config.gpu_memory_utilization}) or lower max_num_batched_tokens."
+                f"(now {cache_config.gpu_memory_utilization}) or kv_cache_memory_bytes "
+                f"(now {cache_config.kv_cache_memory_bytes}), or lower max_num_batched_tokens."
             )
         return num_blocks
+
+    def _max_num_seqs_blocks(self) -> int:
+        """Blocks `max_num_seqs` requests of `max_model_len` tokens hold at once, and block 0."""
+        sched = self.config.scheduler_config
+        groups = get_kv_cache_groups(self.kv_cache_specs)
+        per_request = sum(group.kv_cache_spec.max_num_blocks_per_request(sched.max_model_len,
+                                                                         sched.max_num_batched_tokens)
+                          for group in groups)
+        return sched.max_num_seqs * per_request + 1
 
     def _activation_bytes(self) -> int:
         """Scratch memory of the largest step on one device, from XLA's memory analysis of a
         tiny-cache compile."""
-        runner = ModelRunner(self.config, self.model, self._allocate_kv_caches(2), self.mesh)
+        kv_cache_config = KVCacheConfig(2, get_kv_cache_groups(self.kv_cache_specs))
+        runner = ModelRunner(self.config, self.model, self._allocate_kv_caches(2), self.mesh, kv_cache_config)
         largest = max(runner.layouts)
         stats = runner.compile_layout(largest, executable_cache=self.executable_cache).memory_analysis()
         return int(stats.temp_size_in_bytes)
 
-    def _allocate_kv_caches(self, num_blocks: int) -> list[jax.Array]:
+    def _allocate_kv_caches(self, num_blocks: int) -> dict[str, jax.Array]:
         """One zeroed cache array per layer, created sharded over KV heads on the mesh."""
-        shape = self._kv_cache_shape(num_blocks)
-        return [filled(shape, self._kv_dtype, 0, self.kv_cache_sharding)
-                for _ in range(self.kv_cache_spec.num_layers)]
+        return {name: filled(self._kv_cache_shape(spec, num_blocks), self._kv_dtype, 0, self.kv_cache_sharding)
+                for name, spec in self.kv_cache_specs.items()}
 
-    def initialize_cache(self, num_blocks: int) -> None:
-        logger.info("KV cache: %d blocks of %d tokens", num_blocks, self.config.cache_config.block_size)
-        self.model_runner = ModelRunner(self.config, self.model, self._allocate_kv_caches(num_blocks), self.mesh)
+    def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
+        num_blocks = kv_cache_config.num_blocks
+        logger.info("KV cache: %d blocks of %d tokens in %d group(s)", num_blocks, kv_cache_config.block_size,
+                    len(kv_cache_config.kv_cache_groups))
+        self.model_runner = ModelRunner(self.config, self.model, self._allocate_kv_caches(num_blocks), self.mesh,
+                                        kv_cache_config)
 
     def compile_or_warm_up_model(self) -> float:
         elapsed = self.model_runner.compile_or_warm_up_model(self.executable_cache)

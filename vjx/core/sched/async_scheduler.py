@@ -14,7 +14,7 @@ token for it is dropped (the step ran one wasted row, as in vLLM).
 """
 
 from vjx.config import CacheConfig, SchedulerConfig
-from vjx.core.kv_cache_interface import KVCacheConfig
+from vjx.kv_cache_interface import KVCacheConfig
 from vjx.core.request import Request, RequestStatus
 from vjx.core.sched.scheduler import Scheduler
 from vjx.core.sched.utils import append_until_stop

@@ -4,7 +4,7 @@ import dataclasses
 from collections.abc import Iterable
 
 from vjx.config import CacheConfig, SchedulerConfig
-from vjx.core.kv_cache_interface import KVCacheConfig
+from vjx.kv_cache_interface import KVCacheConfig
 from vjx.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from vjx.core.request import Request, RequestStatus
 from vjx.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput

@@ -10,6 +10,7 @@ knows no JAX).
 
 import abc
 import dataclasses
+from collections.abc import Iterable
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1}
 
@@ -124,6 +125,11 @@ class KVCacheConfig:
     @property
     def block_size(self) -> int:
         return self.kv_cache_groups[0].kv_cache_spec.block_size
+
+    def layer_group_ids(self, layer_names: Iterable[str]) -> tuple[int, ...]:
+        """The group of each of `layer_names`, in their order."""
+        group_of = {name: g for g, group in enumerate(self.kv_cache_groups) for name in group.layer_names}
+        return tuple(group_of[name] for name in layer_names)
 
     def max_num_blocks_per_request(self, max_model_len: int, max_num_batched_tokens: int) -> int:
         """Blocks one request may hold at once, over every group."""
