@@ -1,8 +1,9 @@
 """Prefix caching end to end on the default model (SmolLM2-135M-Instruct), greedy.
 
-Two engines for the module, both with the large engine's arguments (tests/helpers/large_engine.py,
-so the persistent compilation cache serves them): prefix caching on (the default) and off. Caching
-must change which tokens are computed, never which tokens come out.
+Two engines for the module, both with the large engine's arguments
+(tests/helpers/large_engine.py, so the persistent compilation cache serves them): prefix
+caching on (the default) and off. Caching must change which tokens are computed, never which
+tokens come out.
 """
 
 import pytest
