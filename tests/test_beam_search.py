@@ -6,8 +6,9 @@ import pytest
 import torch
 import transformers
 
-from tests.engine.fake_engine_core import EOS, MAX_MODEL_LEN, FakeModel, make_llm
-from tests.test_llm import LARGE_ARGS, PROMPTS
+from tests.helpers.fake_engine_core import MAX_MODEL_LEN, FakeModel, make_llm
+from tests.helpers.large_engine import LARGE_ARGS, PROMPTS
+from tests.helpers.tokenizer import EOS
 from vjx import LLM, SamplingParams
 from vjx.beam_search import BeamSearchParams, get_beam_search_score
 

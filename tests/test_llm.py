@@ -12,30 +12,10 @@ import pytest
 import torch
 import transformers
 
-from tests.models.test_llama_parity import empty_caches, prefill, random_blocks
+from tests.helpers.large_engine import LARGE_ARGS, PROMPTS
+from tests.helpers.model_steps import empty_caches, prefill, random_blocks
 from vjx import LLM, SamplingParams
 
-PROMPTS = [
-    "The capital of France is",
-    "Write a short poem about the sea.",
-    "def fibonacci(n):",
-    "List three colors:",
-    "In 1492, Christopher Columbus",
-    "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog. "
-    "The quick brown fox jumps over the lazy dog. Repeat this sentence once more:",
-    "Water boils at",
-    "Translate to French: Good morning, how are you today?",
-    "Once upon a time, in a small village at the edge of a great forest, there lived an old "
-    "woodcutter and his three children. Every morning the woodcutter walked into the forest "
-    "with his axe, and every evening he came home tired but happy. One day,",
-    "1, 2, 3, 4, 5,",
-    "The largest planet in the solar system is",
-    "Explain photosynthesis in one sentence.",
-    "import numpy as np\n\ndef softmax(x):",
-    "My favourite food is",
-    "Q: What is 12 times 12?\nA:",
-    "The theory of relativity was developed by",
-]
 MAX_TOKENS = 24
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 
@@ -44,15 +24,6 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 def small_llm():
     # 16 requests of up to ~60 tokens need ~64 blocks of 16; 24 blocks force preemption.
     return LLM(max_model_len=256, max_num_seqs=16, max_num_batched_tokens=32, num_gpu_blocks_override=24)
-
-
-LARGE_ARGS = dict(
-    max_model_len=256,
-    max_num_seqs=16,
-    max_num_batched_tokens=256,
-    enable_chunked_prefill=False,
-    num_gpu_blocks_override=400,
-)
 
 
 @pytest.fixture(scope="module")

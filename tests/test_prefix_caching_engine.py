@@ -1,21 +1,16 @@
 """Prefix caching end to end on the default model (SmolLM2-135M-Instruct), greedy.
 
-Two engines for the module, both with `large_llm`'s arguments from tests/test_llm.py (so the
-persistent compilation cache serves them): prefix caching on (the default) and off. Caching
-must change which tokens are computed, never which tokens come out.
+Two engines for the module, both with the large engine's arguments
+(tests/helpers/large_engine.py, so the persistent compilation cache serves them): prefix
+caching on (the default) and off. Caching must change which tokens are computed, never which
+tokens come out.
 """
 
 import pytest
 
+from tests.helpers.large_engine import LARGE_ARGS
 from vjx import LLM, SamplingParams
 
-ENGINE_ARGS = dict(
-    max_model_len=256,
-    max_num_seqs=16,
-    max_num_batched_tokens=256,
-    enable_chunked_prefill=False,
-    num_gpu_blocks_override=400,
-)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 STORY = (
     "Once upon a time, in a small village at the edge of a great forest, there lived an old "
@@ -31,12 +26,12 @@ QUESTIONS = [
 
 @pytest.fixture(scope="module")
 def cached_llm():
-    return LLM(**ENGINE_ARGS)
+    return LLM(**LARGE_ARGS)
 
 
 @pytest.fixture(scope="module")
 def uncached_llm():
-    return LLM(**ENGINE_ARGS, enable_prefix_caching=False)
+    return LLM(**LARGE_ARGS, enable_prefix_caching=False)
 
 
 @pytest.fixture(scope="module")

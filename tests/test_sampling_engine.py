@@ -1,7 +1,8 @@
 """Sampling features end to end on the default model: logprobs against transformers,
 penalties, min_tokens and n > 1 sharing the prompt's blocks.
 
-The engine uses tests/test_llm.py's large-engine arguments, so the compile cache hits.
+The engine uses the large engine's arguments (tests/helpers/large_engine.py), so the compile
+cache hits.
 """
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 import torch
 import transformers
 
-from tests.test_llm import LARGE_ARGS
+from tests.helpers.large_engine import LARGE_ARGS
 from vjx import LLM, SamplingParams
 
 PROMPT = "The capital of France is"

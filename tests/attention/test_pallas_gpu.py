@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.kernels.batches import BatchShape, make_batch, relative_error
+from tests.helpers.attention_batches import BatchShape, make_batch, relative_error
 from vjx.attention.pallas_gpu import PallasGpuBackend
 from vjx.attention.reference import ReferenceBackend
 from vjx.kernels.kv_cache_write import write_kv_cache

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.kernels.batches import BatchShape, dense_attention, make_batch, relative_error
+from tests.helpers.attention_batches import BatchShape, dense_attention, make_batch, relative_error
 from vjx.attention.pallas_tpu import PallasTpuBackend
 from vjx.kernels.tpu_adapter import from_gpu_layout, to_gpu_layout
 

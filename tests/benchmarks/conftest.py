@@ -1,30 +1,13 @@
 """A tiny random Llama directory (config.json and the test tokenizer, no weights) for the
-benchmark smoke tests: every engine loads it with `load_format=dummy`."""
+benchmark smoke tests: every engine loads it with `load_format=dummy` (see
+tests/helpers/benchmark_model.py)."""
 
 import json
 
 import pytest
 
-from tests.engine.test_output_processor import make_tokenizer
-
-TINY_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "vocab_size": 300,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 256,
-    "tie_word_embeddings": False,
-    "bos_token_id": 0,
-    "eos_token_id": 1,
-    "dtype": "float32",
-}
-# Small buckets keep the engine's compile time down on CI's two cores.
-ENGINE_FLAGS = ["--load-format", "dummy", "--max-model-len", "128", "--max-num-seqs", "8",
-                "--max-num-batched-tokens", "64", "--num-gpu-blocks-override", "96"]
+from tests.helpers.benchmark_model import TINY_CONFIG
+from tests.helpers.tokenizer import make_tokenizer
 
 
 @pytest.fixture(scope="package")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from benchmarks import latency, throughput
-from tests.benchmarks.conftest import ENGINE_FLAGS
+from tests.helpers.benchmark_model import ENGINE_FLAGS
 
 METADATA = {"benchmark", "engine", "date", "platform", "device", "command", "argv", "model"}
 

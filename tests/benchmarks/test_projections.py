@@ -5,7 +5,7 @@ import pathlib
 
 from benchmarks.kernels import projections
 from benchmarks.roofline import ModelShape
-from tests.benchmarks.conftest import TINY_CONFIG
+from tests.helpers.benchmark_model import TINY_CONFIG
 
 
 def test_shapes_of_llama_3_1_8b():

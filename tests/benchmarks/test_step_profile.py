@@ -6,7 +6,7 @@ import json
 import pytest
 
 from benchmarks import step_profile
-from tests.benchmarks.conftest import ENGINE_FLAGS
+from tests.helpers.benchmark_model import ENGINE_FLAGS
 
 
 def test_cpu_run_writes_wall_per_batch(tiny_model_dir, tmp_path):

@@ -9,7 +9,7 @@ import collections
 
 import pytest
 
-from tests.core.scheduler_helpers import (
+from tests.helpers.scheduler import (
     BLOCK_SIZE,
     free_ids,
     make_request,

@@ -5,7 +5,7 @@ Preemption has its own file (test_scheduler_preemption.py), async scheduling too
 
 import pytest
 
-from tests.core.scheduler_helpers import (
+from tests.helpers.scheduler import (
     free_ids,
     make_request,
     make_scheduler,

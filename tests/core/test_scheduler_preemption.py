@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.core.scheduler_helpers import (
+from tests.helpers.scheduler import (
     free_ids,
     make_request,
     make_scheduler,

@@ -2,10 +2,10 @@
 
 import pytest
 
-from tests.engine.test_output_processor import make_tokenizer
+from tests.helpers.tokenizer import make_tokenizer
 
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    """The 300-token byte-level BPE of test_output_processor (built in memory, no download)."""
+    """The 300-token byte-level BPE of tests/helpers/tokenizer.py (built in memory, no download)."""
     return make_tokenizer()

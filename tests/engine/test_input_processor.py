@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from tests.engine.test_output_processor import BOS, EOS, make_tokenizer
+from tests.helpers.tokenizer import BOS, EOS, make_tokenizer
 from vjx.config import ModelConfig
 from vjx.engine.input_processor import InputProcessor
 from vjx.sampling_params import SamplingParams

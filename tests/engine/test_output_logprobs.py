@@ -3,7 +3,8 @@ sums, DELTA slices, stop-string truncation, prompt logprobs and detokenize=False
 
 import pytest
 
-from tests.engine.test_output_processor import EOS, _ids, _request
+from tests.helpers.core_requests import core_request
+from tests.helpers.tokenizer import EOS, text_ids
 from vjx.engine.logprobs import LogprobsProcessor, TokenDecoder
 from vjx.engine.messages import EngineCoreOutput, FinishReason
 from vjx.engine.output_processor import OutputProcessor
@@ -24,7 +25,7 @@ def processor(tokenizer):
 
 
 def _add(processor, tokenizer, **params):
-    processor.add_request(_request(tokenizer, **params), "The")
+    processor.add_request(core_request(tokenizer, **params), "The")
 
 
 def test_logprob_dicts_hold_the_sampled_token_and_the_candidates(tokenizer, processor):
@@ -63,7 +64,7 @@ def test_logprobs_zero_and_wide_rows_are_cut_to_what_was_asked(tokenizer, proces
 
 def test_cumulative_and_delta_outputs_across_steps(tokenizer, processor):
     for request_id, kind in (("c", RequestOutputKind.CUMULATIVE), ("d", RequestOutputKind.DELTA)):
-        processor.add_request(_request(tokenizer, request_id, logprobs=1, output_kind=kind), None)
+        processor.add_request(core_request(tokenizer, request_id, logprobs=1, output_kind=kind), None)
     steps = [(HE, [-1.0, -0.5], 2, SPACE), (LLO, [-0.25, -0.25], 1, LLO), (SPACE, [-4.0, -1.0], 7, W)]
     seen = {"c": [], "d": []}
     for token, logprobs, rank, best in steps:
@@ -83,7 +84,7 @@ def test_cumulative_and_delta_outputs_across_steps(tokenizer, processor):
 
 
 def test_stop_string_drops_the_logprobs_of_dropped_tokens(tokenizer, processor):
-    token_ids = _ids(tokenizer, "Hello world, hello vjx!")
+    token_ids = text_ids(tokenizer, "Hello world, hello vjx!")
     _add(processor, tokenizer, logprobs=0, stop=["wo"])
     lists = _rows(*[([t], [-0.5 * (i + 1)], i + 1) for i, t in enumerate(token_ids)])
     step = processor.process_outputs([EngineCoreOutput("r", token_ids, new_logprobs=lists)])
@@ -133,7 +134,7 @@ def test_prompt_logprobs_of_chunks_without_tokens_wait_for_the_first_token(token
 
 
 def test_detokenize_false_keeps_token_ids_and_no_text(tokenizer, processor):
-    token_ids = _ids(tokenizer, "Hello world")
+    token_ids = text_ids(tokenizer, "Hello world")
     _add(processor, tokenizer, detokenize=False, logprobs=1, output_kind=RequestOutputKind.DELTA)
     lists = _rows(*[([t, W], [-1.0, -0.5], 2) for t in token_ids[:2]])
     first = processor.process_outputs([EngineCoreOutput("r", token_ids[:2], new_logprobs=lists)])

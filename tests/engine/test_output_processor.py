@@ -1,60 +1,21 @@
-"""IncrementalDetokenizer and OutputProcessor on a real byte-level BPE tokenizer built here.
+"""IncrementalDetokenizer and OutputProcessor on a real byte-level BPE tokenizer.
 
-The tokenizer is trained in memory on a few sentences (no download); its CJK and emoji
-characters are split over several byte tokens, which is what the multi-byte tests need.
+The tokenizer (tests/helpers/tokenizer.py) is trained in memory on a few sentences (no
+download); its CJK and emoji characters are split over several byte tokens, which is what
+the multi-byte tests need.
 """
 
 import random
 
 import pytest
-import transformers
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+from tests.helpers.core_requests import core_request
+from tests.helpers.tokenizer import BOS, EOS, text_ids
 from vjx.engine.detokenizer import IncrementalDetokenizer
 from vjx.engine.messages import EngineCoreOutput, EngineCoreRequest, FinishReason
 from vjx.engine.output_processor import OutputProcessor
 from vjx.sampling_params import RequestOutputKind
 from vjx.sampling_params import SamplingParams
-
-_CORPUS = [
-    "Hello world, hello vjx!",
-    "The quick brown fox jumps over the lazy dog.",
-    "日本語のテキストです。",
-    "emoji 😀 and 🎉 party",
-    "Stop here. Then stop there.",
-]
-BOS, EOS = 0, 1
-
-
-def make_tokenizer() -> transformers.PreTrainedTokenizerFast:
-    """A 300-token byte-level BPE with <bos> (added to every encoded text) and <eos>."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=["<bos>", "<eos>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_CORPUS * 4, trainer)
-    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", BOS)])
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>")
-
-
-def _ids(tokenizer, text: str) -> list[int]:
-    return tokenizer.encode(text, add_special_tokens=False)
-
-
-def _request(tokenizer, request_id: str = "r", prompt: str = "The", **params) -> EngineCoreRequest:
-    return EngineCoreRequest(
-        request_id=request_id,
-        prompt_token_ids=tokenizer.encode(prompt),
-        sampling_params=SamplingParams(**params),
-        eos_token_id=EOS,
-        arrival_time=0.0,
-    )
-
 
 def _stream(detokenizer: IncrementalDetokenizer, token_ids: list[int], chunk_sizes: list[int]) -> list[str]:
     """Feeds the tokens in chunks, the last one finishing by length; returns the deltas."""
@@ -69,7 +30,7 @@ def _stream(detokenizer: IncrementalDetokenizer, token_ids: list[int], chunk_siz
 
 
 def test_tokenizer_splits_text_as_the_tests_expect(tokenizer):
-    pieces = [tokenizer.decode([t]) for t in _ids(tokenizer, "Hello world, hello vjx!")]
+    pieces = [tokenizer.decode([t]) for t in text_ids(tokenizer, "Hello world, hello vjx!")]
     assert pieces == ["He", "llo", " ", "w", "or", "ld", ",", " he", "llo", " ", "vjx", "!"]
     assert tokenizer.encode("Hi")[0] == BOS
     assert tokenizer.convert_ids_to_tokens([BOS, EOS]) == ["<bos>", "<eos>"]
@@ -98,8 +59,8 @@ def test_deltas_join_to_decode_of_random_tokens(tokenizer, skip_special_tokens, 
 
 def test_multi_byte_characters_are_never_emitted_half_done(tokenizer):
     text = "日本語のテキスト 😀🎉 done"
-    token_ids = _ids(tokenizer, text)
-    request = _request(tokenizer, prompt="Hello")
+    token_ids = text_ids(tokenizer, text)
+    request = core_request(tokenizer, prompt="Hello")
     detokenizer = IncrementalDetokenizer(tokenizer, request)
     deltas = _stream(detokenizer, token_ids, [1] * len(token_ids))
     assert "".join(deltas) == text
@@ -112,8 +73,8 @@ def test_multi_byte_characters_are_never_emitted_half_done(tokenizer):
 
 
 def test_incomplete_character_at_the_end_shows_as_decode_shows_it(tokenizer):
-    token_ids = _ids(tokenizer, "ok 日")[:-1]
-    detokenizer = IncrementalDetokenizer(tokenizer, _request(tokenizer))
+    token_ids = text_ids(tokenizer, "ok 日")[:-1]
+    detokenizer = IncrementalDetokenizer(tokenizer, core_request(tokenizer))
     assert detokenizer.update(token_ids, None) is None
     assert detokenizer.get_next_output_text(finished=False, delta=False) == "ok "
     detokenizer.update([], FinishReason.LENGTH)
@@ -123,8 +84,8 @@ def test_incomplete_character_at_the_end_shows_as_decode_shows_it(tokenizer):
 @pytest.mark.parametrize("skip_special_tokens, text", [(True, "Hello world"), (False, "Hello<bos> world")])
 def test_skip_special_tokens(tokenizer, skip_special_tokens, text):
     processor = OutputProcessor(tokenizer)
-    processor.add_request(_request(tokenizer, skip_special_tokens=skip_special_tokens), "The")
-    token_ids = _ids(tokenizer, "Hello") + [BOS] + _ids(tokenizer, " world")
+    processor.add_request(core_request(tokenizer, skip_special_tokens=skip_special_tokens), "The")
+    token_ids = text_ids(tokenizer, "Hello") + [BOS] + text_ids(tokenizer, " world")
     (output,) = processor.process_outputs([EngineCoreOutput("r", token_ids)]).request_outputs
     assert output.outputs[0].text == text
     assert output.outputs[0].token_ids == token_ids
@@ -133,7 +94,7 @@ def test_skip_special_tokens(tokenizer, skip_special_tokens, text):
 def _run_one(tokenizer, steps: list[list[int]], kind=RequestOutputKind.CUMULATIVE, **params):
     """Feeds `steps` to a fresh processor; returns (outputs, reqs_to_abort per step, processor)."""
     processor = OutputProcessor(tokenizer)
-    request = _request(tokenizer, output_kind=kind, **params)
+    request = core_request(tokenizer, output_kind=kind, **params)
     processor.add_request(request, "The")
     outputs, aborts = [], []
     for new_token_ids in steps:
@@ -144,7 +105,7 @@ def _run_one(tokenizer, steps: list[list[int]], kind=RequestOutputKind.CUMULATIV
 
 
 def test_stop_string_spanning_two_tokens(tokenizer):
-    token_ids = _ids(tokenizer, "Hello world, hello vjx!")
+    token_ids = text_ids(tokenizer, "Hello world, hello vjx!")
     outputs, aborts, processor = _run_one(tokenizer, [[t] for t in token_ids[:9]], stop=[", he"])
     final = outputs[-1]
     assert len(outputs) == 8 and final.finished
@@ -156,7 +117,7 @@ def test_stop_string_spanning_two_tokens(tokenizer):
 
 
 def test_stop_string_mid_token_drops_later_tokens_of_the_step(tokenizer):
-    token_ids = _ids(tokenizer, "Hello world, hello vjx!")
+    token_ids = text_ids(tokenizer, "Hello world, hello vjx!")
     outputs, aborts, _ = _run_one(tokenizer, [token_ids], stop=["vjx", "wo"])
     (output,) = outputs
     assert output.outputs[0].text == "Hello "
@@ -166,14 +127,14 @@ def test_stop_string_mid_token_drops_later_tokens_of_the_step(tokenizer):
 
 
 def test_include_stop_str_in_output(tokenizer):
-    token_ids = _ids(tokenizer, "Hello world, hello vjx!")
+    token_ids = text_ids(tokenizer, "Hello world, hello vjx!")
     outputs, _, _ = _run_one(tokenizer, [token_ids], stop=["wo"], include_stop_str_in_output=True)
     assert outputs[0].outputs[0].text == "Hello wo"
     assert outputs[0].outputs[0].token_ids == token_ids[:5]
 
 
 def test_stop_string_is_held_back_while_streaming(tokenizer):
-    token_ids = _ids(tokenizer, "Hello world, hello vjx!")
+    token_ids = text_ids(tokenizer, "Hello world, hello vjx!")
     steps = [[t] for t in token_ids[:9]]
     outputs, _, _ = _run_one(tokenizer, steps, kind=RequestOutputKind.DELTA, stop=[", he"])
     deltas = [output.outputs[0].text for output in outputs]
@@ -186,13 +147,13 @@ def test_stop_string_is_held_back_while_streaming(tokenizer):
 
 
 def test_earliest_stop_string_wins(tokenizer):
-    token_ids = _ids(tokenizer, "Hello world, hello vjx!")
+    token_ids = text_ids(tokenizer, "Hello world, hello vjx!")
     outputs, _, _ = _run_one(tokenizer, [token_ids], stop=["vjx", "hello", "lo"])
     assert (outputs[0].outputs[0].text, outputs[0].outputs[0].stop_reason) == ("Hel", "lo")
 
 
 def test_stop_strings_wait_for_min_tokens(tokenizer):
-    token_ids = _ids(tokenizer, "Hello world, hello vjx!")
+    token_ids = text_ids(tokenizer, "Hello world, hello vjx!")
     outputs, _, _ = _run_one(tokenizer, [token_ids], stop=["llo"], min_tokens=3)
     assert outputs[0].outputs[0].text == "Hello world, he"
     assert outputs[0].outputs[0].token_ids == token_ids[:9]
@@ -200,9 +161,9 @@ def test_stop_strings_wait_for_min_tokens(tokenizer):
 
 @pytest.mark.parametrize("include_stop_str_in_output, text", [(False, "Hello world"), (True, "Hello world,")])
 def test_stop_token_id_finishes_with_its_id(tokenizer, include_stop_str_in_output, text):
-    token_ids = _ids(tokenizer, "Hello world,")
+    token_ids = text_ids(tokenizer, "Hello world,")
     processor = OutputProcessor(tokenizer)
-    request = _request(
+    request = core_request(
         tokenizer, stop_token_ids=[token_ids[-1]], include_stop_str_in_output=include_stop_str_in_output
     )
     processor.add_request(request, "The")
@@ -216,18 +177,18 @@ def test_stop_token_id_finishes_with_its_id(tokenizer, include_stop_str_in_outpu
 
 @pytest.mark.parametrize("skip_special_tokens", [True, False])
 def test_eos_finishes_without_its_text(tokenizer, skip_special_tokens):
-    token_ids = _ids(tokenizer, "Hello") + [EOS]
+    token_ids = text_ids(tokenizer, "Hello") + [EOS]
     processor = OutputProcessor(tokenizer)
-    processor.add_request(_request(tokenizer, skip_special_tokens=skip_special_tokens), "The")
+    processor.add_request(core_request(tokenizer, skip_special_tokens=skip_special_tokens), "The")
     (output,) = processor.process_outputs([EngineCoreOutput("r", token_ids, FinishReason.STOP)]).request_outputs
     assert (output.outputs[0].text, output.outputs[0].token_ids) == ("Hello", token_ids)
     assert (output.outputs[0].finish_reason, output.outputs[0].stop_reason) == ("stop", None)
 
 
 def test_length_finish_and_cumulative_outputs(tokenizer):
-    token_ids = _ids(tokenizer, "Hello world")
+    token_ids = text_ids(tokenizer, "Hello world")
     processor = OutputProcessor(tokenizer)
-    processor.add_request(_request(tokenizer, max_tokens=3), "The")
+    processor.add_request(core_request(tokenizer, max_tokens=3), "The")
     first = processor.process_outputs([EngineCoreOutput("r", token_ids[:2])]).request_outputs[0]
     last = processor.process_outputs([EngineCoreOutput("r", token_ids[2:3], FinishReason.LENGTH)])
     (final,) = last.request_outputs
@@ -239,11 +200,11 @@ def test_length_finish_and_cumulative_outputs(tokenizer):
 
 
 def test_delta_and_final_only_kinds(tokenizer):
-    token_ids = _ids(tokenizer, "Hello world")
+    token_ids = text_ids(tokenizer, "Hello world")
     steps = [token_ids[:2], token_ids[2:4], token_ids[4:]]
     processor = OutputProcessor(tokenizer)
-    processor.add_request(_request(tokenizer, "d", output_kind=RequestOutputKind.DELTA), None)
-    processor.add_request(_request(tokenizer, "f", output_kind=RequestOutputKind.FINAL_ONLY), None)
+    processor.add_request(core_request(tokenizer, "d", output_kind=RequestOutputKind.DELTA), None)
+    processor.add_request(core_request(tokenizer, "f", output_kind=RequestOutputKind.FINAL_ONLY), None)
     seen = []
     for i, new_token_ids in enumerate(steps):
         finish_reason = FinishReason.LENGTH if i == len(steps) - 1 else None
@@ -260,7 +221,7 @@ def test_delta_and_final_only_kinds(tokenizer):
 def test_abort(tokenizer):
     processor = OutputProcessor(tokenizer)
     for request_id in ("a", "b", "c"):
-        processor.add_request(_request(tokenizer, request_id), None)
+        processor.add_request(core_request(tokenizer, request_id), None)
     assert processor.abort_requests(["a", "x", "a"]) == ["a"]
     step = processor.process_outputs(
         [EngineCoreOutput("a", [40]), EngineCoreOutput("b", [40], FinishReason.ABORT), EngineCoreOutput("c", [])]
@@ -272,6 +233,6 @@ def test_abort(tokenizer):
 
 def test_duplicate_request_id_is_refused(tokenizer):
     processor = OutputProcessor(tokenizer)
-    processor.add_request(_request(tokenizer, "a"), None)
+    processor.add_request(core_request(tokenizer, "a"), None)
     with pytest.raises(ValueError, match="request_id 'a' is already in use"):
-        processor.add_request(_request(tokenizer, "a"), None)
+        processor.add_request(core_request(tokenizer, "a"), None)

@@ -5,8 +5,8 @@ import dataclasses
 
 import pytest
 
-from tests.engine.fake_engine_core import make_llm
-from tests.engine.test_output_processor import _request
+from tests.helpers.core_requests import core_request
+from tests.helpers.fake_engine_core import make_llm
 from vjx.engine.messages import EngineCoreOutput, FinishReason
 from vjx.engine.output_processor import OutputProcessor
 from vjx.engine.parallel_sampling import ParentRequest
@@ -18,7 +18,7 @@ LENGTH = FinishReason.LENGTH
 
 
 def _parent(tokenizer, n: int = 4, **params) -> ParentRequest:
-    return ParentRequest(_request(tokenizer, "p", n=n, **params), "The")
+    return ParentRequest(core_request(tokenizer, "p", n=n, **params), "The")
 
 
 def _add_family(processor: OutputProcessor, parent: ParentRequest) -> None:
@@ -93,7 +93,7 @@ def test_final_only_waits_for_every_child(tokenizer):
 
 def test_parent_and_single_requests_keep_the_step_order(tokenizer):
     processor = OutputProcessor(tokenizer)
-    processor.add_request(_request(tokenizer, "a"), None)
+    processor.add_request(core_request(tokenizer, "a"), None)
     _add_family(processor, _parent(tokenizer, n=2))
     step = [EngineCoreOutput("1_p", [HE]), EngineCoreOutput("a", [W]), EngineCoreOutput("0_p", [LLO])]
     assert _summary(processor.process_outputs(step).request_outputs) == [
@@ -124,13 +124,13 @@ def test_abort_parent_aborts_its_unfinished_children(tokenizer):
 
 def test_ids_in_use_are_refused_before_anything_is_tracked(tokenizer):
     processor = OutputProcessor(tokenizer)
-    processor.add_request(_request(tokenizer, "2_p"), None)
+    processor.add_request(core_request(tokenizer, "2_p"), None)
     with pytest.raises(ValueError, match="request_id '2_p' is already in use"):
         _add_family(processor, _parent(tokenizer))
     assert list(processor.request_states) == ["2_p"] and processor.parent_requests == {}
     _add_family(processor, _parent(tokenizer, n=2))
     with pytest.raises(ValueError, match="request_id 'p' is already in use"):
-        processor.add_request(_request(tokenizer, "p"), None)
+        processor.add_request(core_request(tokenizer, "p"), None)
 
 
 def test_prompt_logprobs_are_given_once_per_parent(tokenizer):

@@ -28,7 +28,7 @@ def test_phases_accumulate_and_log_every_interval(caplog):
 @pytest.fixture(scope="module")
 def profiled_llm():
     """One engine with `profile_host`, started with nothing frozen: any freeze seen is its own."""
-    from tests.test_llm import LARGE_ARGS
+    from tests.helpers.large_engine import LARGE_ARGS
     from vjx import LLM
 
     gc.unfreeze()
@@ -36,7 +36,7 @@ def profiled_llm():
 
 
 def test_engine_profiles_every_step(profiled_llm):
-    from tests.test_llm import PROMPTS
+    from tests.helpers.large_engine import PROMPTS
     from vjx import SamplingParams
 
     profiled_llm.generate(PROMPTS[:4], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False)

@@ -19,19 +19,12 @@ import psutil
 import pytest
 import zmq
 
+from tests.helpers.large_engine import LARGE_ARGS
 from vjx import LLM, AsyncLLM, EngineArgs, SamplingParams
 from vjx.engine.core_client import SyncMPClient
 from vjx.engine.exceptions import EngineDeadError, EngineRequestError
 from vjx.sampling_params import RequestOutputKind
 
-# tests/test_llm.py's LARGE_ARGS: the same shapes, so compiles hit the persistent cache.
-LARGE_ARGS = dict(
-    max_model_len=256,
-    max_num_seqs=16,
-    max_num_batched_tokens=256,
-    enable_chunked_prefill=False,
-    num_gpu_blocks_override=400,
-)
 PROMPTS = ["Hello, my name is", "The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,"]
 DELTA = RequestOutputKind.DELTA
 TIMEOUT_S = 120

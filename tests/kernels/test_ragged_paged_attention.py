@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.kernels.batches import BatchShape, dense_attention, make_batch, relative_error
+from tests.helpers.attention_batches import BatchShape, dense_attention, make_batch, relative_error
 from vjx.kernels.ragged_paged_attention import Scoring, ragged_paged_attention
 from vjx.kernels.tuning import AttentionTuning, KernelTuning, default_tuning
 

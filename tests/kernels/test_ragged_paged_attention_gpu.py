@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.kernels.batches import BatchShape, dense_attention, make_batch, relative_error
+from tests.helpers.attention_batches import BatchShape, dense_attention, make_batch, relative_error
 from vjx.kernels.ragged_paged_attention import Scoring, ragged_paged_attention
 
 pytestmark = pytest.mark.gpu

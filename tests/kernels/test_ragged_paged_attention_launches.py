@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.kernels.batches import BatchShape, dense_attention, make_batch, relative_error
+from tests.helpers.attention_batches import BatchShape, dense_attention, make_batch, relative_error
 from vjx.kernels import kv_walk
 from vjx.kernels import ragged_paged_attention as rpa
 from vjx.kernels.tuning import AttentionTuning, KernelTuning

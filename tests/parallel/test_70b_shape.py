@@ -7,7 +7,7 @@ the layouts they use (8 and 16 query heads per device, 1 and 2 KV heads) tested 
 
 import pytest
 
-from tests.parallel.tiny_llama import ENGINE_ARGS, PROMPTS, save_tiny_llama
+from tests.helpers.tiny_llama import ENGINE_ARGS, PROMPTS, save_tiny_llama
 from vjx import LLM, SamplingParams
 
 SHAPE_70B = dict(

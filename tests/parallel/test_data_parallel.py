@@ -12,7 +12,7 @@ import jax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from tests.parallel.tiny_llama import ENGINE_ARGS, PROMPTS, save_tiny_llama
+from tests.helpers.tiny_llama import ENGINE_ARGS, PROMPTS, save_tiny_llama
 from vjx import LLM, AsyncLLM, EngineArgs, SamplingParams
 from vjx.core.sched.stats import SchedulerStats
 from vjx.engine.core_client import LoadBalancer, merge_stats

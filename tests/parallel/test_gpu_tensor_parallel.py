@@ -8,7 +8,7 @@ TP 1. Both engines run in float32 with O(1) logits, so no near tie can flip a to
 import jax
 import pytest
 
-from tests.parallel.tiny_llama import PROMPTS, save_tiny_llama
+from tests.helpers.tiny_llama import PROMPTS, save_tiny_llama
 from vjx import LLM, SamplingParams
 
 pytestmark = pytest.mark.gpu

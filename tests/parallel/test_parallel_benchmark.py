@@ -4,7 +4,7 @@ run and then `--compare`, as the GPU runs do; and the greedy comparison rule its
 import json
 
 from benchmarks import parallel
-from tests.parallel.tiny_llama import save_tiny_llama
+from tests.helpers.tiny_llama import save_tiny_llama
 
 SMALL = ["--load-format", "dummy", "--max-model-len", "64", "--max-num-seqs", "4", "--max-num-batched-tokens", "16",
          "--num-gpu-blocks-override", "32", "--no-async-scheduling", "--num-greedy-prompts", "2",

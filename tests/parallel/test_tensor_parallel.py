@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from tests.parallel.tiny_llama import ENGINE_ARGS, PROMPTS, save_tiny_llama
+from tests.helpers.tiny_llama import ENGINE_ARGS, PROMPTS, save_tiny_llama
 from vjx import LLM, SamplingParams
 
 KV_HEADS = (8, 4, 2, 1)

@@ -14,7 +14,7 @@ import re
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from tests.parallel.tiny_llama import ENGINE_ARGS, HIDDEN, VOCAB, save_tiny_llama
+from tests.helpers.tiny_llama import ENGINE_ARGS, HIDDEN, VOCAB, save_tiny_llama
 from vjx import LLM
 from vjx.worker.step_layout import PLAIN
 

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tests.sampling.metadata_helpers import (
+from tests.helpers.sampling_metadata import (
     make_metadata,
     pad_rows,
     reference_bad_words,

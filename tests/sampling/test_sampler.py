@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from jaxtyping import install_import_hook
 
-from tests.sampling.metadata_helpers import make_metadata, pad_rows, reference_penalties
+from tests.helpers.sampling_metadata import make_metadata, pad_rows, reference_penalties
 
 # The metadata stays unchecked: `jit(...).lower` rebuilds pytrees with placeholder leaves.
 with install_import_hook("vjx.sampling.sampler", "beartype.beartype"):

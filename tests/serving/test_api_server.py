@@ -13,7 +13,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.cli import main as bench_main
-from tests.serving.remote_server import RemoteServer
+from tests.helpers.remote_server import RemoteServer
 
 PROMPT = "The capital of France is"
 GREEDY = dict(temperature=0.0)

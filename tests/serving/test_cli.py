@@ -1,16 +1,13 @@
 """The `vjx generate` command, run in-process the way the console script runs it."""
 
 from serving.cli import main
+from tests.helpers.large_engine import LARGE_FLAGS
 
-# The engine arguments of tests/test_llm.py's large engine, so the compile cache hits.
-ENGINE_FLAGS = [
-    "--max-model-len", "256", "--max-num-seqs", "16", "--max-num-batched-tokens", "256",
-    "--no-enable-chunked-prefill", "--num-gpu-blocks-override", "400",
-]
+# The large engine's flags, so the compile cache hits.
 
 
 def test_generate_prints_the_completion(capsys):
-    code = main(["generate", "--prompt", "The capital of France is", "--max-tokens", "8", *ENGINE_FLAGS])
+    code = main(["generate", "--prompt", "The capital of France is", "--max-tokens", "8", *LARGE_FLAGS])
     out, err = capsys.readouterr()
     assert code == 0
     prompt_line, completion = out.split("\n", 1)

@@ -13,7 +13,7 @@ import time
 import psutil
 import pytest
 
-from tests.serving.remote_server import RemoteServer
+from tests.helpers.remote_server import RemoteServer
 
 API_KEY = "test-key-123"
 MODEL = "SmolLM2-135M-Instruct"

@@ -7,7 +7,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from tests.parallel.tiny_llama import save_tiny_llama, tiny_config
+from tests.helpers.tiny_llama import save_tiny_llama, tiny_config
 from vjx import EngineArgs
 from vjx.config import ParallelConfig
 from vjx.models.registry import verify_tensor_parallel

@@ -11,7 +11,7 @@ import pytest
 import transformers
 from flax import nnx
 
-from tests.parallel.tiny_llama import save_tiny_llama, tiny_config
+from tests.helpers.tiny_llama import save_tiny_llama, tiny_config
 from vjx.attention.reference import ReferenceBackend
 from vjx.attention.sharded import ShardedBackend
 from vjx.config import ModelConfig, ParallelConfig

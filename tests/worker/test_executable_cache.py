@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import pytest
 from jax._src import compilation_cache
 
-from tests.parallel.tiny_llama import ENGINE_ARGS, PROMPTS, save_tiny_llama
+from tests.helpers.tiny_llama import ENGINE_ARGS, PROMPTS, save_tiny_llama
 from vjx import LLM, EngineArgs, SamplingParams
 from vjx.sharding.mesh import make_mesh
 from vjx.worker import executable_cache

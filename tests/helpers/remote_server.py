@@ -14,12 +14,9 @@ import time
 
 import openai
 
+from tests.helpers.large_engine import LARGE_FLAGS
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-# tests/test_llm.py's large engine: the same shapes, so the server's compiles hit the cache.
-ENGINE_FLAGS = [
-    "--max-model-len", "256", "--max-num-seqs", "16", "--max-num-batched-tokens", "256",
-    "--no-enable-chunked-prefill", "--num-gpu-blocks-override", "400",
-]
 START_TIMEOUT_S = 600
 
 
@@ -41,11 +38,14 @@ def _jax_cache_env() -> dict[str, str]:
 
 
 class RemoteServer:
+    """Started with the large engine's flags (the same shapes as the in-process engine tests,
+    so the server's compiles hit the cache), then `args`."""
+
     def __init__(self, args: list[str], env: dict[str, str] | None = None, api_key: str | None = None):
         self.port = free_port()
         self.api_key = api_key
         self.log = tempfile.NamedTemporaryFile(prefix="vjx-serve-", suffix=".log", delete=False)
-        command = [sys.executable, "-m", "serving.cli", "serve", "--port", str(self.port), *ENGINE_FLAGS, *args]
+        command = [sys.executable, "-m", "serving.cli", "serve", "--port", str(self.port), *LARGE_FLAGS, *args]
         self.process = subprocess.Popen(command, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
                                         env={**os.environ, **_jax_cache_env(), **(env or {})})
         self._wait_until_healthy()

@@ -14,7 +14,7 @@ import pathlib
 import numpy as np
 
 import vjx.engine.llm_engine
-from tests.engine.test_output_processor import EOS, make_tokenizer
+from tests.helpers.tokenizer import EOS, make_tokenizer
 from vjx import LLM
 from vjx.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
 from vjx.outputs import LogprobsLists

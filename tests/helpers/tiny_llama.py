@@ -1,4 +1,5 @@
-"""Tiny random Llama checkpoints for the parallelism tests, saved by `transformers`.
+"""Tiny random Llama checkpoints for the parallelism and sharding tests, saved by
+`transformers`, and `randomize_`, the weight init of every random HF model in the tests.
 
 Eight query heads, so tensor parallelism of 1, 2, 4 and 8 splits them evenly; the KV head
 count varies (8, 4, 2, 1: down to one head, repeated on every device). Weights are scaled
@@ -9,8 +10,7 @@ multiple of 8) stays inside the test tokenizer's 300 ids.
 import torch
 import transformers
 
-from tests.engine.test_output_processor import make_tokenizer
-from tests.models.test_llama_parity import randomize_
+from tests.helpers.tokenizer import make_tokenizer
 
 VOCAB = 296
 NUM_HEADS = 8
@@ -24,6 +24,22 @@ ENGINE_ARGS = dict(
     multiprocess=False, async_scheduling=False,
 )
 """One 16-token bucket: the cheapest compile, and every step mixes prefill chunks with decodes."""
+
+
+def randomize_(hf_model: torch.nn.Module, seed: int) -> None:
+    """Weights large enough that logits are O(1): HF's init (std 0.02) would hide errors."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in hf_model.named_parameters():
+            noise = torch.randn(param.shape, generator=gen)
+            if "norm" in name:
+                param.copy_(1.0 + 0.1 * noise)
+            elif "embed" in name:  # also the tied LM head: logits of std ~2
+                param.copy_(noise * 2.0 / param.shape[1] ** 0.5)
+            elif param.ndim == 1:
+                param.copy_(0.1 * noise)
+            else:
+                param.copy_(noise / param.shape[1] ** 0.5)
 
 
 def tiny_config(num_kv_heads: int, **overrides) -> transformers.LlamaConfig:
