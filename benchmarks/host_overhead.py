@@ -22,9 +22,9 @@ in-process engine; the timed run's host time is split into exclusive phases per 
 
 `host` is the sum of schedule .. gc. Means are per executed step (steps that ran tokens).
 
-CPU, a tiny random Llama (build it once; see tests/parallel/tiny_llama.py):
+CPU, a tiny random Llama (build it once; see tests/helpers/tiny_llama.py):
 
-    python -c "from tests.parallel.tiny_llama import save_tiny_llama; \
+    python -c "from tests.helpers.tiny_llama import save_tiny_llama; \
         save_tiny_llama('/tmp/tiny-llama', 2, max_position_embeddings=4096)"
     python -m benchmarks.host_overhead --model /tmp/tiny-llama --max-model-len 2048 \
         --max-num-seqs 256 --batch-size 8 64 256 [--async-scheduling] --clock thread \

@@ -3,7 +3,7 @@ request keeps only the blocks its window needs, while full attention must hold t
 
 import pytest
 
-from tests.core.scheduler_helpers import BLOCK_SIZE, make_request, make_scheduler, num_free_blocks, step
+from tests.helpers.scheduler import BLOCK_SIZE, make_request, make_scheduler, num_free_blocks, step
 from vjx.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 
 HEADS = dict(num_kv_heads=1, head_size=8, dtype="float32")
