@@ -14,8 +14,9 @@ from tests.helpers.sampling_metadata import make_metadata, pad_rows, reference_p
 # The metadata stays unchecked: `jit(...).lower` rebuilds pytrees with placeholder leaves.
 with install_import_hook("vjx.sampling.sampler", "beartype.beartype"):
     from vjx.sampling.sampler import sample
-with install_import_hook("vjx.sampling.top_k_top_p", "beartype.beartype"):
-    from vjx.sampling.top_k_top_p import SubsetShape, apply_top_k_top_p
+with install_import_hook(["vjx.sampling.top_k_top_p", "tests.helpers.top_k_top_p"], "beartype.beartype"):
+    from tests.helpers.top_k_top_p import apply_top_k_top_p
+    from vjx.sampling.top_k_top_p import SubsetShape
 
 V = 64
 _sample = jax.jit(sample)

@@ -5,8 +5,8 @@ Legend: T tokens, R rows, N query heads, K kv heads, H head dim, P pages, S page
 That kernel's cache layout is `[P, S, 2K, H]`: the keys and values of kv head k are heads
 2k and 2k + 1 of a page row. Its metadata is vjx's under other names (kv_lens = seq_lens,
 page_indices = block_tables, cu_q_lens = query_start_loc), with the same end-aligned causal
-mask, sliding window and soft cap. This module converts layouts, writes the step's K/V in
-that layout, and calls the kernel (or, off a TPU, JAX's own jnp reference of it, which takes
+mask, sliding window and soft cap. This module writes the step's K/V in that layout and calls
+the kernel (or, off a TPU, JAX's own jnp reference of it, which takes
 the same arguments).
 """
 
@@ -19,20 +19,6 @@ from vjx.kernels.ragged_paged_attention import Scoring
 
 def tpu_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
     return (num_blocks, block_size, 2 * num_kv_heads, head_dim)
-
-
-def from_gpu_layout(kv_cache: Float[Array, "2 K P S H"]) -> Float[Array, "P S K2 H"]:
-    """vjx's `[2, K, P, S, H]` GPU layout -> the TPU kernel's `[P, S, 2K, H]`."""
-    _, num_kv_heads, num_pages, page_size, head_dim = kv_cache.shape
-    pages = jnp.transpose(kv_cache, (2, 3, 1, 0, 4))  # [P, S, K, 2, H]
-    return pages.reshape(num_pages, page_size, 2 * num_kv_heads, head_dim)
-
-
-def to_gpu_layout(kv_pages: Float[Array, "P S K2 H"]) -> Float[Array, "2 K P S H"]:
-    """The TPU kernel's `[P, S, 2K, H]` -> vjx's `[2, K, P, S, H]` GPU layout."""
-    num_pages, page_size, num_combined, head_dim = kv_pages.shape
-    pages = kv_pages.reshape(num_pages, page_size, num_combined // 2, 2, head_dim)
-    return jnp.transpose(pages, (3, 2, 0, 1, 4))
 
 
 def write_kv_pages(

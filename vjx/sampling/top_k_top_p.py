@@ -103,19 +103,6 @@ def filter_mask(
     return (processed >= thresholds.logit[:, None]) & (scaled >= thresholds.scaled[:, None])
 
 
-def apply_top_k_top_p(
-    logits: Float[Array, "R V"], top_k: Int[Array, "R"], top_p: Float[Array, "R"],
-    subset: SubsetShape = SubsetShape(),
-) -> Float[Array, "R V"]:
-    """The float32 logits with every token that top-k, then top-p, drops set to -inf
-    (temperature 1, no min-p)."""
-    logits = lax.optimization_barrier(logits.astype(jnp.float32))
-    ones_R = jnp.ones(logits.shape[:1], jnp.float32)
-    params = FilterParams(ones_R, jnp.zeros_like(ones_R), top_k, top_p)
-    thresholds = filter_thresholds(logits, logits, params, subset)
-    return jnp.where(filter_mask(logits, logits, thresholds), logits, -jnp.inf)
-
-
 def _subset_thresholds(
     processed: Float[Array, "R V"], scaled: Float[Array, "R V"], params: FilterParams, subset: SubsetShape
 ) -> tuple[FilterThresholds, Bool[Array, "R"]]:
