@@ -8,8 +8,9 @@ predecessor's tokens reach the host, and the tokens it needs are read from there
 (`prev_sampled_index`, -1 for tokens the host knows). The packed buffer's fields are the
 step input table's (step_inputs.py).
 
-Legend: N history rows (one per slot; a padding token's slot N writes nowhere), L max_model_len,
-M max_num_reqs, P the packed buffer's length.
+Legend: R rows, T tokens, D hidden, V vocab, K1 = max_logprobs + 1, N history rows (one per
+slot; a padding token's slot N writes nowhere), L max_model_len, M max_num_reqs, P the packed
+buffer's length.
 """
 
 import functools
@@ -19,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from jaxtyping import Array, Int
+from jaxtyping import Array, Float, Int
 
 from vjx.sampling.logprobs import compute_logprobs
 from vjx.sampling.metadata import SamplingMetadata
@@ -70,7 +71,11 @@ def _sampling_metadata(layout: StepLayout, f: dict[str, Array], history: Int[Arr
     )
 
 
-def _empty_logprobs(num_rows: int, k: int):
+Logprobs = tuple[Int[Array, "R K1"], Float[Array, "R K1"], Int[Array, "R"]]
+"""Per row: the top ids (the sampled or target token first), their logprobs, its rank."""
+
+
+def _empty_logprobs(num_rows: int, k: int) -> Logprobs:
     return (
         jnp.zeros((num_rows, k + 1), jnp.int32),
         jnp.zeros((num_rows, k + 1), jnp.float32),
@@ -78,7 +83,8 @@ def _empty_logprobs(num_rows: int, k: int):
     )
 
 
-def _sample_logprobs(layout: StepLayout, logits, sampled, num_logprobs):
+def _sample_logprobs(layout: StepLayout, logits: Float[Array, "R V"], sampled: Int[Array, "R"],
+                     num_logprobs: Int[Array, "R"]) -> Logprobs:
     """Logprobs of the raw logits for the sampled tokens, when some row asked for them."""
     if not layout.features.has_logprobs:
         return _empty_logprobs(layout.num_reqs, layout.max_logprobs)
@@ -89,7 +95,7 @@ def _sample_logprobs(layout: StepLayout, logits, sampled, num_logprobs):
     )
 
 
-def _prompt_logprobs(layout: StepLayout, model, hidden, targets):
+def _prompt_logprobs(layout: StepLayout, model, hidden: Float[Array, "T D"], targets: Int[Array, "T"]):
     """Logprobs of each next prompt token, computed chunk by chunk over all T tokens."""
     num_tokens, k = layout.num_tokens, layout.max_logprobs
     if not layout.features.has_prompt_logprobs:
@@ -108,7 +114,7 @@ def _prompt_logprobs(layout: StepLayout, model, hidden, targets):
     return jax.lax.cond(jnp.any(targets >= 0), compute, lambda: _empty_logprobs(num_tokens, k))
 
 
-def _logits(model, hidden):
+def _logits(model, hidden: Float[Array, "R D"]) -> Float[Array, "R V"]:
     """Whole logits rows on every device: the vocab-parallel LM head's shards are gathered,
     so sampling and logprobs see the full vocabulary and every device draws the same token."""
     return replicate(model.compute_logits(hidden))
