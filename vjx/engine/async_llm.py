@@ -8,15 +8,14 @@ validates the request before returning) yields from that queue. `RequestStatsLis
 """
 
 import asyncio
-import gc
 import time
 from collections.abc import AsyncGenerator
 from typing import Protocol, runtime_checkable
 
 import transformers
 
+from vjx import process_setup
 from vjx.core.sched.stats import SchedulerStats
-from vjx.engine.core import freeze_gc_heap
 from vjx.engine.core_client import START_TIMEOUT_S, AsyncMPClient
 from vjx.engine.exceptions import EngineDeadError, EngineRequestError
 from vjx.engine.input_processor import InputProcessor
@@ -57,6 +56,7 @@ class AsyncLLM:
         """`transport`: how to reach the engine process, "ipc" (a private temp dir) or "tcp"
         (127.0.0.1 only). `stats_listeners` are told of every request's adds, outputs and
         aborts."""
+        process_setup.setup_process()
         self.config = engine_args.create_engine_config()
         model_config = self.config.model_config
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(model_config.tokenizer)
@@ -66,8 +66,8 @@ class AsyncLLM:
         self.request_queues: dict[str, asyncio.Queue] = {}
         self.stats_listeners = list(stats_listeners or [])
         self._output_handler: asyncio.Task | None = None
-        # The front end's start-up heap (tokenizer, engine client) is out of the collector's reach.
-        freeze_gc_heap()
+        # Full collections skip the start-up heap (tokenizer, engine client) while this lives.
+        process_setup.engine_started(self)
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "AsyncLLM":
@@ -197,7 +197,7 @@ class AsyncLLM:
         if self._output_handler is not None:
             self._output_handler.cancel()
         self.engine_core.shutdown()
-        gc.unfreeze()
+        process_setup.engine_stopped(self)
 
 
 class RequestOutputStream:

@@ -1,10 +1,10 @@
 """EngineCore: the hub of the engine. `step()` = schedule -> execute -> update."""
 
 import collections
-import gc
 import logging
 import time
 
+from vjx import process_setup
 from vjx.config import VjxConfig
 from vjx.core.request import Request, RequestStatus
 from vjx.core.sched.async_scheduler import AsyncScheduler
@@ -23,38 +23,13 @@ logger = logging.getLogger(__name__)
 _BATCH_QUEUE_SIZE = 2
 
 
-def freeze_gc_heap() -> None:
-    """Moves every object alive now out of the garbage collector's reach.
-
-    The start-up heap (the model's modules, traced and compiled programs, the tokenizer)
-    lives as long as the engine, yet every full collection would walk all of it again:
-    millions of objects, a large fraction of a second each time (vLLM's engine core freezes
-    its heap too). Unfrozen and collected first, so that no garbage is frozen with it
-    (garbage frozen by an earlier call included).
-    """
-    gc.unfreeze()
-    gc.collect()
-    gc.freeze()
-
-
-def unfreeze_gc_heap() -> None:
-    """Hands what an earlier `freeze_gc_heap` froze back to the collector, and collects.
-
-    An engine holds reference cycles, so a dropped one (its device buffers included) is
-    freed only by a collection, which never sees frozen objects.
-    """
-    if gc.get_freeze_count():
-        gc.unfreeze()
-        gc.collect()
-
-
 class EngineCore:
     """Owns the scheduler and the executor; knows nothing of text or HTTP."""
 
     def __init__(self, config: VjxConfig, executor_class: type[Executor] = UniProcExecutor):
         # Engines dropped since an earlier one started must free their memory before this
-        # one measures what is free.
-        unfreeze_gc_heap()
+        # one measures what is free; the persistent compilation cache is on for every engine.
+        process_setup.engine_starting()
         self.config = config
         self.model_executor = executor_class(config)
         start = time.perf_counter()
@@ -73,7 +48,8 @@ class EngineCore:
         self.profiler = StepProfiler() if config.profile_host else None
         if self.profiler is not None:
             self._profile_steps(self.profiler)
-        freeze_gc_heap()
+        # Full collections skip the start-up heap while this engine lives.
+        process_setup.engine_started(self)
 
     def _profile_steps(self, profiler: StepProfiler) -> None:
         """Times the scheduler's and the executor's calls (see step_profiler.py)."""
@@ -107,6 +83,10 @@ class EngineCore:
 
     def _has_work(self) -> bool:
         return self.scheduler.has_unfinished_requests() or self.scheduler.has_finished_requests()
+
+    def shutdown(self) -> None:
+        """Hands the start-up heap back to the collector unless other engines live; idempotent."""
+        process_setup.engine_stopped(self)
 
     def step(self) -> EngineCoreOutputs:
         if not self._has_work():

@@ -114,7 +114,9 @@ class InprocClient:
         return outputs
 
     def shutdown(self) -> None:
-        """Nothing to stop: the engine lives and dies with this object."""
+        """Shuts every replica's EngineCore down (idempotent)."""
+        for core in self.engine_cores:
+            core.shutdown()
 
 
 class MPClient:

@@ -10,7 +10,6 @@ in step_layout.py.
 """
 
 import functools
-import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -24,18 +23,8 @@ from vjx.sampling.sampler import sample
 from vjx.sharding.constraints import replicate
 from vjx.worker.step_layout import StepLayout
 
-_COMPILATION_CACHE_DIR = pathlib.Path.home() / ".cache" / "vjx" / "xla"
 # Prompt logprobs need the logits of every token: computed this many tokens at a time.
 _PROMPT_LOGITS_CHUNK = 256
-
-
-def enable_compilation_cache() -> None:
-    """Turns on JAX's persistent compilation cache unless the user configured one."""
-    if jax.config.jax_compilation_cache_dir:
-        return
-    jax.config.update("jax_compilation_cache_dir", str(_COMPILATION_CACHE_DIR))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
 
 def _attention_metadata(layout: StepLayout, f: dict) -> AttentionMetadata:
