@@ -146,13 +146,8 @@ class EngineCoreProc:
             self.output_thread.join(_SHUTDOWN_TIMEOUT_S)
             raise
 
-    def _has_work(self) -> bool:
-        scheduler = self.engine_core.scheduler
-        return (scheduler.has_unfinished_requests() or scheduler.has_finished_requests()
-                or bool(self.engine_core.batch_queue))
-
     def _process_input_queue(self) -> None:
-        if not self._has_work():
+        if not self.engine_core.has_work():
             self._handle(*self.input_queue.get())
         while not self.input_queue.empty():
             self._handle(*self.input_queue.get_nowait())
@@ -176,7 +171,7 @@ class EngineCoreProc:
         if call.method == "get_stats":
             return serial.UtilityResult(call.call_id, result=serial.encode_result(self.engine_core.make_stats()))
         if call.method == "reset_prefix_cache":
-            reset = self.engine_core.scheduler.reset_prefix_cache()
+            reset = self.engine_core.reset_prefix_cache()
             return serial.UtilityResult(call.call_id, result=serial.encode_result(reset))
         return serial.UtilityResult(call.call_id, failure=f"method must be one of "
                                     f"{sorted(serial.UTILITY_RESULT_TYPES)}, got {call.method!r}.")
