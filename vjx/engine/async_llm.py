@@ -12,16 +12,13 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Protocol, runtime_checkable
 
-import transformers
-
 from vjx import process_setup
 from vjx.core.sched.stats import SchedulerStats
 from vjx.engine.core_client import START_TIMEOUT_S, AsyncMPClient
 from vjx.engine.exceptions import EngineDeadError, EngineRequestError
-from vjx.engine.input_processor import InputProcessor
 from vjx.engine.llm_engine import register_request
 from vjx.engine.messages import EngineCoreOutput, EngineCoreRequest
-from vjx.engine.output_processor import OutputProcessor
+from vjx.engine.processors import make_processors
 from vjx.engine_args import EngineArgs
 from vjx.outputs import RequestOutput
 from vjx.sampling_params import SamplingParams
@@ -58,10 +55,7 @@ class AsyncLLM:
         aborts."""
         process_setup.setup_process()
         self.config = engine_args.create_engine_config()
-        model_config = self.config.model_config
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(model_config.tokenizer)
-        self.input_processor = InputProcessor(model_config, self.tokenizer)
-        self.output_processor = OutputProcessor(self.tokenizer)
+        self.tokenizer, self.input_processor, self.output_processor = make_processors(self.config.model_config)
         self.engine_core = AsyncMPClient(engine_args, start_timeout_s, transport)
         self.request_queues: dict[str, asyncio.Queue] = {}
         self.stats_listeners = list(stats_listeners or [])

@@ -3,15 +3,13 @@
 import logging
 import time
 
-import transformers
-
 from vjx import process_setup
 from vjx.engine.core_client import InprocClient, SyncMPClient
 from vjx.engine.exceptions import EngineRequestError
 from vjx.engine.messages import EngineCoreRequest
-from vjx.engine.input_processor import InputProcessor
 from vjx.engine.output_processor import OutputProcessor
 from vjx.engine.parallel_sampling import ParentRequest
+from vjx.engine.processors import make_processors
 from vjx.engine_args import EngineArgs
 from vjx.outputs import RequestOutput
 from vjx.sampling_params import SamplingParams
@@ -44,10 +42,7 @@ class LLMEngine:
     def __init__(self, engine_args: EngineArgs):
         process_setup.setup_process()
         self.config = engine_args.create_engine_config()
-        model_config = self.config.model_config
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(model_config.tokenizer)
-        self.input_processor = InputProcessor(model_config, self.tokenizer)
-        self.output_processor = OutputProcessor(self.tokenizer)
+        self.tokenizer, self.input_processor, self.output_processor = make_processors(self.config.model_config)
         if self.config.multiprocess:
             self.engine_core = SyncMPClient(engine_args)
         else:
