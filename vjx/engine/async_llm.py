@@ -75,11 +75,6 @@ class AsyncLLM:
         return self.config.model_config.max_model_len
 
     @property
-    def num_unfinished_requests(self) -> int:
-        """Requests whose `generate` has not ended yet (an `n > 1` request counts once)."""
-        return len(self.request_queues)
-
-    @property
     def errored(self) -> bool:
         return self.engine_core.dead_error is not None
 
@@ -146,10 +141,7 @@ class AsyncLLM:
         engine_ids = self.output_processor.abort_requests(request_ids)
         for listener in self.stats_listeners:
             listener.on_requests_aborted(engine_ids)
-        for request_id in request_ids:
-            queue = self.request_queues.pop(request_id, None)
-            if queue is not None:
-                queue.put_nowait(end_item)
+        self._close_queues(request_ids, end_item)
         if self.engine_core.dead_error is None:
             self.engine_core.abort_requests(engine_ids)
 
@@ -161,8 +153,7 @@ class AsyncLLM:
                 self._fail_request(e)
                 continue
             except EngineDeadError as e:
-                for queue in self.request_queues.values():
-                    queue.put_nowait(e)
+                self._close_queues(list(self.request_queues), e)
                 return
             processed = self.output_processor.process_outputs(outputs.outputs)
             if self.stats_listeners:
@@ -174,6 +165,18 @@ class AsyncLLM:
                 if queue is not None:
                     queue.put_nowait(output)
             self.engine_core.abort_requests(processed.reqs_to_abort)
+
+    def _close_queues(self, request_ids: list[str], end_item: Exception | None) -> None:
+        """Puts `end_item` (None: end quietly) last in the requests' queues and forgets them."""
+        for request_id in request_ids:
+            queue = self.request_queues.pop(request_id, None)
+            if queue is not None:
+                queue.put_nowait(end_item)
+
+    def end_stream(self, request_id: str) -> None:
+        """Frees `request_id` for a new request once its stream has read its last output
+        (until then an unread finished output still holds the id)."""
+        self.request_queues.pop(request_id, None)
 
     def _fail_request(self, error: EngineRequestError) -> None:
         state = self.output_processor.request_states.get(error.request_id)
@@ -228,9 +231,9 @@ class RequestOutputStream:
 
     def _finish(self) -> None:
         self.finished = True
-        self.engine.request_queues.pop(self.request_id, None)
+        self.engine.end_stream(self.request_id)
 
     async def aclose(self) -> None:
         if not self.finished:
-            self.engine._abort([self.request_id])
+            await self.engine.abort(self.request_id)
             self._finish()
