@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"latency: {device}, {model_config.model}, start-up "
           + ", ".join(f"{name} {value}" for name, value in harness.startup_rows(result)), flush=True)
     harness.print_header(HEADER)
-    profiler = llm.llm_engine.engine_core.engine_core.profiler  # set with --profile-host
+    engine = llm.llm_engine
+    profiler = engine.engine_core.engine_core.profiler if engine.config.profile_host else None
     for batch_size in args.batch_size:
         if profiler is not None:
             profiler.reset()

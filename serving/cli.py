@@ -9,6 +9,7 @@ import time
 
 from serving.config_file import load_config_file
 from serving.server_args import ServerArgs
+from vjx import process_setup
 from vjx.engine_args import EngineArgs
 
 API_KEY_ENV = "VJX_API_KEY"
@@ -105,6 +106,8 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    # The process is the command's: set up before anything starts JAX's backends.
+    process_setup.setup_process()
     if argv[:1] == ["bench"]:
         return _bench(argv[1:])
     try:

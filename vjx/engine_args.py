@@ -86,11 +86,8 @@ class EngineArgs:
         return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
     def create_engine_config(self) -> VjxConfig:
-        # The first platform query below starts JAX's backends. The engine sizes its KV cache
-        # from the memory left free, and a front-end process (the server, a multiprocess LLM)
-        # must not hold memory its engine process needs, so JAX's default of reserving most of
-        # a GPU's memory at start is off unless the user set it.
-        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        """The frozen config. Its platform queries start JAX's backends: entry points call
+        `vjx.process_setup.setup_process()` before it."""
         self._verify_args()
         model = self._resolve_model()
         hf_config = transformers.AutoConfig.from_pretrained(model)

@@ -11,11 +11,17 @@ from vjx.engine.step_profiler import PHASES, StepProfiler
 
 def test_phases_accumulate_and_log_every_interval(caplog):
     profiler = StepProfiler(interval=2)
-    sleep = profiler.timed("execute", lambda s: time.sleep(s) or s)
+
+    def sleep(seconds):
+        time.sleep(seconds)
+        return seconds
+
     with caplog.at_level(logging.INFO, logger="vjx.engine.step_profiler"):
         for _ in range(4):
-            assert sleep(0.01) == 0.01
-            profiler.timed("update", lambda: None)()
+            with profiler.phase("execute"):
+                assert sleep(0.01) == 0.01
+            with profiler.phase("update"):
+                pass
             profiler.step_done()
     means = profiler.means()
     assert profiler.num_steps == 4

@@ -1,7 +1,6 @@
 """The `multiprocess` engine argument: off on CPU, and a clear error without the packages."""
 
 import importlib.util
-import os
 
 import pytest
 
@@ -20,11 +19,3 @@ def test_multiprocess_without_pyzmq_is_refused(monkeypatch):
         EngineArgs(max_model_len=64, multiprocess=True).create_engine_config()
     assert EngineArgs(max_model_len=64).create_engine_config().multiprocess is False
 
-
-def test_gpu_memory_is_not_preallocated_unless_the_user_says(monkeypatch):
-    monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE", raising=False)
-    EngineArgs(max_model_len=64).create_engine_config()
-    assert os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
-    monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "true")
-    EngineArgs(max_model_len=64).create_engine_config()
-    assert os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "true"

@@ -8,21 +8,17 @@ validates the request before returning) yields from that queue. `RequestStatsLis
 """
 
 import asyncio
-import gc
 import time
 from collections.abc import AsyncGenerator
 from typing import Protocol, runtime_checkable
 
-import transformers
-
+from vjx import process_setup
 from vjx.core.sched.stats import SchedulerStats
-from vjx.engine.core import freeze_gc_heap
 from vjx.engine.core_client import START_TIMEOUT_S, AsyncMPClient
 from vjx.engine.exceptions import EngineDeadError, EngineRequestError
-from vjx.engine.input_processor import InputProcessor
 from vjx.engine.llm_engine import register_request
 from vjx.engine.messages import EngineCoreOutput, EngineCoreRequest
-from vjx.engine.output_processor import OutputProcessor
+from vjx.engine.processors import make_processors
 from vjx.engine_args import EngineArgs
 from vjx.outputs import RequestOutput
 from vjx.sampling_params import SamplingParams
@@ -57,17 +53,15 @@ class AsyncLLM:
         """`transport`: how to reach the engine process, "ipc" (a private temp dir) or "tcp"
         (127.0.0.1 only). `stats_listeners` are told of every request's adds, outputs and
         aborts."""
+        process_setup.setup_process()
         self.config = engine_args.create_engine_config()
-        model_config = self.config.model_config
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(model_config.tokenizer)
-        self.input_processor = InputProcessor(model_config, self.tokenizer)
-        self.output_processor = OutputProcessor(self.tokenizer)
+        self.tokenizer, self.input_processor, self.output_processor = make_processors(self.config.model_config)
         self.engine_core = AsyncMPClient(engine_args, start_timeout_s, transport)
         self.request_queues: dict[str, asyncio.Queue] = {}
         self.stats_listeners = list(stats_listeners or [])
         self._output_handler: asyncio.Task | None = None
-        # The front end's start-up heap (tokenizer, engine client) is out of the collector's reach.
-        freeze_gc_heap()
+        # Full collections skip the start-up heap (tokenizer, engine client) while this lives.
+        process_setup.engine_started(self)
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "AsyncLLM":
@@ -79,11 +73,6 @@ class AsyncLLM:
     @property
     def max_model_len(self) -> int:
         return self.config.model_config.max_model_len
-
-    @property
-    def num_unfinished_requests(self) -> int:
-        """Requests whose `generate` has not ended yet (an `n > 1` request counts once)."""
-        return len(self.request_queues)
 
     @property
     def errored(self) -> bool:
@@ -152,10 +141,7 @@ class AsyncLLM:
         engine_ids = self.output_processor.abort_requests(request_ids)
         for listener in self.stats_listeners:
             listener.on_requests_aborted(engine_ids)
-        for request_id in request_ids:
-            queue = self.request_queues.pop(request_id, None)
-            if queue is not None:
-                queue.put_nowait(end_item)
+        self._close_queues(request_ids, end_item)
         if self.engine_core.dead_error is None:
             self.engine_core.abort_requests(engine_ids)
 
@@ -167,8 +153,7 @@ class AsyncLLM:
                 self._fail_request(e)
                 continue
             except EngineDeadError as e:
-                for queue in self.request_queues.values():
-                    queue.put_nowait(e)
+                self._close_queues(list(self.request_queues), e)
                 return
             processed = self.output_processor.process_outputs(outputs.outputs)
             if self.stats_listeners:
@@ -180,6 +165,18 @@ class AsyncLLM:
                 if queue is not None:
                     queue.put_nowait(output)
             self.engine_core.abort_requests(processed.reqs_to_abort)
+
+    def _close_queues(self, request_ids: list[str], end_item: Exception | None) -> None:
+        """Puts `end_item` (None: end quietly) last in the requests' queues and forgets them."""
+        for request_id in request_ids:
+            queue = self.request_queues.pop(request_id, None)
+            if queue is not None:
+                queue.put_nowait(end_item)
+
+    def end_stream(self, request_id: str) -> None:
+        """Frees `request_id` for a new request once its stream has read its last output
+        (until then an unread finished output still holds the id)."""
+        self.request_queues.pop(request_id, None)
 
     def _fail_request(self, error: EngineRequestError) -> None:
         state = self.output_processor.request_states.get(error.request_id)
@@ -197,7 +194,7 @@ class AsyncLLM:
         if self._output_handler is not None:
             self._output_handler.cancel()
         self.engine_core.shutdown()
-        gc.unfreeze()
+        process_setup.engine_stopped(self)
 
 
 class RequestOutputStream:
@@ -234,9 +231,9 @@ class RequestOutputStream:
 
     def _finish(self) -> None:
         self.finished = True
-        self.engine.request_queues.pop(self.request_id, None)
+        self.engine.end_stream(self.request_id)
 
     async def aclose(self) -> None:
         if not self.finished:
-            self.engine._abort([self.request_id])
+            await self.engine.abort(self.request_id)
             self._finish()

@@ -1,10 +1,10 @@
 """EngineCore: the hub of the engine. `step()` = schedule -> execute -> update."""
 
 import collections
-import gc
 import logging
 import time
 
+from vjx import process_setup
 from vjx.config import VjxConfig
 from vjx.core.request import Request, RequestStatus
 from vjx.core.sched.async_scheduler import AsyncScheduler
@@ -12,10 +12,10 @@ from vjx.core.sched.output import SchedulerOutput
 from vjx.core.sched.scheduler import Scheduler
 from vjx.core.sched.stats import SchedulerStats
 from vjx.engine.messages import EngineCoreOutputs, EngineCoreRequest
-from vjx.engine.step_profiler import StepProfiler
+from vjx.engine.step_profiler import NullStepProfiler, StepProfiler
 from vjx.executor.abstract import Executor
 from vjx.executor.uniproc import UniProcExecutor
-from vjx.outputs import AsyncModelRunnerOutput
+from vjx.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -23,38 +23,13 @@ logger = logging.getLogger(__name__)
 _BATCH_QUEUE_SIZE = 2
 
 
-def freeze_gc_heap() -> None:
-    """Moves every object alive now out of the garbage collector's reach.
-
-    The start-up heap (the model's modules, traced and compiled programs, the tokenizer)
-    lives as long as the engine, yet every full collection would walk all of it again:
-    millions of objects, a large fraction of a second each time (vLLM's engine core freezes
-    its heap too). Unfrozen and collected first, so that no garbage is frozen with it
-    (garbage frozen by an earlier call included).
-    """
-    gc.unfreeze()
-    gc.collect()
-    gc.freeze()
-
-
-def unfreeze_gc_heap() -> None:
-    """Hands what an earlier `freeze_gc_heap` froze back to the collector, and collects.
-
-    An engine holds reference cycles, so a dropped one (its device buffers included) is
-    freed only by a collection, which never sees frozen objects.
-    """
-    if gc.get_freeze_count():
-        gc.unfreeze()
-        gc.collect()
-
-
 class EngineCore:
     """Owns the scheduler and the executor; knows nothing of text or HTTP."""
 
     def __init__(self, config: VjxConfig, executor_class: type[Executor] = UniProcExecutor):
         # Engines dropped since an earlier one started must free their memory before this
-        # one measures what is free.
-        unfreeze_gc_heap()
+        # one measures what is free; the persistent compilation cache is on for every engine.
+        process_setup.engine_starting()
         self.config = config
         self.model_executor = executor_class(config)
         start = time.perf_counter()
@@ -72,31 +47,9 @@ class EngineCore:
         logger.info("start-up: KV sizing %.2f s, warm-up (compile) %.2f s", self.kv_sizing_time, self.warmup_time)
         self.batch_queue: collections.deque[tuple[SchedulerOutput, AsyncModelRunnerOutput]] = collections.deque()
         self.step_fn = self.step_with_batch_queue if is_async else self.step
-        self.profiler = StepProfiler() if config.profile_host else None
-        if self.profiler is not None:
-            self._profile_steps(self.profiler)
-        freeze_gc_heap()
-
-    def _profile_steps(self, profiler: StepProfiler) -> None:
-        """Times the scheduler's and the executor's calls (see step_profiler.py)."""
-        scheduler, executor = self.scheduler, self.model_executor
-        scheduler.schedule = profiler.timed("schedule", scheduler.schedule)
-        update = profiler.timed("update", scheduler.update_from_output)
-
-        def update_and_count(scheduler_output, model_output):
-            outputs = update(scheduler_output, model_output)
-            profiler.step_done()
-            return outputs
-
-        scheduler.update_from_output = update_and_count
-        execute = profiler.timed("execute", executor.execute_model)
-
-        def execute_and_time_collect(scheduler_output, non_block: bool = False):
-            future = execute(scheduler_output, non_block=True)
-            future = AsyncModelRunnerOutput(profiler.timed("collect", future.get_output))
-            return future if non_block else future.get_output()
-
-        executor.execute_model = execute_and_time_collect
+        self.profiler = StepProfiler() if config.profile_host else NullStepProfiler()
+        # Full collections skip the start-up heap while this engine lives.
+        process_setup.engine_started(self)
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self.scheduler.add_request(Request.from_engine_core_request(request))
@@ -107,15 +60,28 @@ class EngineCore:
     def make_stats(self) -> SchedulerStats:
         return self.scheduler.make_stats()
 
-    def _has_work(self) -> bool:
+    def has_work(self) -> bool:
+        """Whether `step_fn` has anything to do: requests to run or to report finished, or a
+        dispatched step whose tokens are still to come."""
+        return self._has_requests() or bool(self.batch_queue)
+
+    def _has_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests() or self.scheduler.has_finished_requests()
 
+    def reset_prefix_cache(self) -> bool:
+        """Forgets every cached prefix block; False (nothing changed) while requests hold blocks."""
+        return self.scheduler.reset_prefix_cache()
+
+    def shutdown(self) -> None:
+        """Hands the start-up heap back to the collector unless other engines live; idempotent."""
+        process_setup.engine_stopped(self)
+
     def step(self) -> EngineCoreOutputs:
-        if not self._has_work():
+        if not self._has_requests():
             return EngineCoreOutputs()
-        scheduler_output = self.scheduler.schedule()
-        model_output = self.model_executor.execute_model(scheduler_output)
-        return self.scheduler.update_from_output(scheduler_output, model_output)
+        scheduler_output = self._schedule()
+        model_output = self._collect(self._execute(scheduler_output))
+        return self._update(scheduler_output, model_output)
 
     def step_with_batch_queue(self) -> EngineCoreOutputs:
         """Async scheduling: dispatch step N+1 before waiting for step N's tokens.
@@ -123,13 +89,33 @@ class EngineCore:
         Each call dispatches a step when there is work and room in the queue, and returns
         the oldest step's outputs once the queue is full or nothing more can be planned.
         """
-        if self._has_work() and len(self.batch_queue) < _BATCH_QUEUE_SIZE:
-            scheduler_output = self.scheduler.schedule()
-            future = self.model_executor.execute_model(scheduler_output, non_block=True)
-            self.batch_queue.append((scheduler_output, future))
+        if self._has_requests() and len(self.batch_queue) < _BATCH_QUEUE_SIZE:
+            scheduler_output = self._schedule()
+            self.batch_queue.append((scheduler_output, self._execute(scheduler_output)))
             if len(self.batch_queue) < _BATCH_QUEUE_SIZE and scheduler_output.total_num_scheduled_tokens:
                 return EngineCoreOutputs()
         if not self.batch_queue:
             return EngineCoreOutputs()
         scheduler_output, future = self.batch_queue.popleft()
-        return self.scheduler.update_from_output(scheduler_output, future.get_output())
+        return self._update(scheduler_output, self._collect(future))
+
+    # The four phases of a step, each timed by the profiler (a no-op without `profile_host`).
+
+    def _schedule(self) -> SchedulerOutput:
+        with self.profiler.phase("schedule"):
+            return self.scheduler.schedule()
+
+    def _execute(self, scheduler_output: SchedulerOutput) -> AsyncModelRunnerOutput:
+        """Dispatches the step; its tokens come with `_collect`."""
+        with self.profiler.phase("execute"):
+            return self.model_executor.execute_model(scheduler_output, non_block=True)
+
+    def _collect(self, future: AsyncModelRunnerOutput) -> ModelRunnerOutput:
+        with self.profiler.phase("collect"):
+            return future.get_output()
+
+    def _update(self, scheduler_output: SchedulerOutput, model_output: ModelRunnerOutput) -> EngineCoreOutputs:
+        with self.profiler.phase("update"):
+            outputs = self.scheduler.update_from_output(scheduler_output, model_output)
+        self.profiler.step_done()
+        return outputs

@@ -101,7 +101,7 @@ class InprocClient:
 
     def reset_prefix_cache(self) -> bool:
         """Resets every replica's cache (none is skipped when one fails); True if all did."""
-        is_reset = [core.scheduler.reset_prefix_cache() for core in self.engine_cores]
+        is_reset = [core.reset_prefix_cache() for core in self.engine_cores]
         return all(is_reset)
 
     def get_output(self) -> EngineCoreOutputs:
@@ -114,7 +114,9 @@ class InprocClient:
         return outputs
 
     def shutdown(self) -> None:
-        """Nothing to stop: the engine lives and dies with this object."""
+        """Shuts every replica's EngineCore down (idempotent)."""
+        for core in self.engine_cores:
+            core.shutdown()
 
 
 class MPClient:

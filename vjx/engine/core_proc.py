@@ -28,6 +28,7 @@ import weakref
 import jax
 import zmq
 
+from vjx import process_setup
 from vjx.config import VjxConfig
 from vjx.engine import serial
 from vjx.engine.core import EngineCore
@@ -40,12 +41,6 @@ _PARENT_POLL_S = 0.5
 _SHUTDOWN_TIMEOUT_S = 5.0
 _LINGER_MS = 2000
 _TRANSPORTS = ("ipc", "tcp")
-# Copied to the child so its compiles read and fill the parent's persistent cache.
-_JAX_CACHE_OPTIONS = (
-    "jax_compilation_cache_dir",
-    "jax_persistent_cache_min_compile_time_secs",
-    "jax_persistent_cache_min_entry_size_bytes",
-)
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -75,23 +70,23 @@ def replica_placement(engine_args: EngineArgs, rank: int) -> ReplicaPlacement:
 
 
 def _replica_config(engine_args: EngineArgs, placement: ReplicaPlacement) -> VjxConfig:
-    """Runs before JAX starts in the child: restricts the visible GPUs, then builds the config."""
+    """The child's config: one replica on the GPUs it sees (the others are hidden), or on CPU
+    the group of its rank."""
     if placement.visible_devices is not None:
-        jax.config.update("jax_cuda_visible_devices", placement.visible_devices)
         return dataclasses.replace(engine_args, data_parallel_size=1).create_engine_config()
     return engine_args.create_engine_config().for_data_parallel_rank(placement.data_parallel_rank)
 
 
-def run_engine_core(engine_args: bytes, addresses: dict[str, str], jax_options: dict, parent_pid: int,
+def run_engine_core(engine_args: bytes, addresses: dict[str, str], cache_options: dict, parent_pid: int,
                     placement: ReplicaPlacement = ReplicaPlacement()) -> None:
-    """The child's entry point: build EngineCore, report readiness (or the error), serve."""
+    """The child's entry point: set up the process, build EngineCore, report readiness (or
+    the error), serve."""
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True, name="vjx-parent-watch").start()
-    for name, value in jax_options.items():
-        jax.config.update(name, value)
     context = zmq.Context()
     handshake = context.socket(zmq.PUSH)
     handshake.connect(addresses["handshake"])
     try:
+        process_setup.setup_engine_process(cache_options, placement.visible_devices)
         config = _replica_config(serial.decode_dataclass(engine_args, EngineArgs), placement)
         engine_core = EngineCore(config)
         proc = EngineCoreProc(engine_core, context, addresses)
@@ -151,13 +146,8 @@ class EngineCoreProc:
             self.output_thread.join(_SHUTDOWN_TIMEOUT_S)
             raise
 
-    def _has_work(self) -> bool:
-        scheduler = self.engine_core.scheduler
-        return (scheduler.has_unfinished_requests() or scheduler.has_finished_requests()
-                or bool(self.engine_core.batch_queue))
-
     def _process_input_queue(self) -> None:
-        if not self._has_work():
+        if not self.engine_core.has_work():
             self._handle(*self.input_queue.get())
         while not self.input_queue.empty():
             self._handle(*self.input_queue.get_nowait())
@@ -181,15 +171,10 @@ class EngineCoreProc:
         if call.method == "get_stats":
             return serial.UtilityResult(call.call_id, result=serial.encode_result(self.engine_core.make_stats()))
         if call.method == "reset_prefix_cache":
-            reset = self.engine_core.scheduler.reset_prefix_cache()
+            reset = self.engine_core.reset_prefix_cache()
             return serial.UtilityResult(call.call_id, result=serial.encode_result(reset))
         return serial.UtilityResult(call.call_id, failure=f"method must be one of "
                                     f"{sorted(serial.UTILITY_RESULT_TYPES)}, got {call.method!r}.")
-
-
-def _jax_cache_options() -> dict:
-    options = {name: getattr(jax.config, name, None) for name in _JAX_CACHE_OPTIONS}
-    return {name: value for name, value in options.items() if value is not None}
 
 
 def _stop(process: multiprocessing.process.BaseProcess, socket_dir: str) -> None:
@@ -237,8 +222,8 @@ class EngineProcess:
         handshake = context.socket(zmq.PULL)
         self.bind(handshake, "handshake")
         placement = replica_placement(self.engine_args, self.data_parallel_rank)
-        args = (serial.encode_dataclass(self.engine_args), self.addresses, _jax_cache_options(), os.getpid(),
-                placement)
+        args = (serial.encode_dataclass(self.engine_args), self.addresses, process_setup.compilation_cache_options(),
+                os.getpid(), placement)
         self.process = multiprocessing.get_context("spawn").Process(
             target=run_engine_core, args=args, daemon=True, name="VjxEngineCore")
         self.process.start()

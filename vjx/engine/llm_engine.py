@@ -1,18 +1,15 @@
 """LLMEngine: the synchronous front end (tokenize, run EngineCore, detokenize)."""
 
-import gc
 import logging
 import time
 
-import transformers
-
-from vjx.engine.core import freeze_gc_heap
+from vjx import process_setup
 from vjx.engine.core_client import InprocClient, SyncMPClient
 from vjx.engine.exceptions import EngineRequestError
 from vjx.engine.messages import EngineCoreRequest
-from vjx.engine.input_processor import InputProcessor
 from vjx.engine.output_processor import OutputProcessor
 from vjx.engine.parallel_sampling import ParentRequest
+from vjx.engine.processors import make_processors
 from vjx.engine_args import EngineArgs
 from vjx.outputs import RequestOutput
 from vjx.sampling_params import SamplingParams
@@ -43,20 +40,17 @@ class LLMEngine:
     """vLLM's LLMEngine: `add_request` then `step` until `has_unfinished_requests` is False."""
 
     def __init__(self, engine_args: EngineArgs):
+        process_setup.setup_process()
         self.config = engine_args.create_engine_config()
-        model_config = self.config.model_config
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(model_config.tokenizer)
-        self.input_processor = InputProcessor(model_config, self.tokenizer)
-        self.output_processor = OutputProcessor(self.tokenizer)
+        self.tokenizer, self.input_processor, self.output_processor = make_processors(self.config.model_config)
         if self.config.multiprocess:
             self.engine_core = SyncMPClient(engine_args)
         else:
             self.engine_core = InprocClient(self.config)
         self.log_stats = not engine_args.disable_log_stats
         self._last_stats_time = time.monotonic()
-        if self.config.multiprocess:
-            # In-process, EngineCore froze the heap, the tokenizer included, as it started.
-            freeze_gc_heap()
+        # Full collections skip the start-up heap (tokenizer, engine client) while this lives.
+        process_setup.engine_started(self)
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
@@ -99,9 +93,9 @@ class LLMEngine:
         return self.engine_core.reset_prefix_cache()
 
     def shutdown(self) -> None:
+        """Stops the engine core (its process, if it runs one); safe to call more than once."""
         self.engine_core.shutdown()
-        # What start-up froze can be collected again (in-process, the whole engine).
-        gc.unfreeze()
+        process_setup.engine_stopped(self)
 
     def has_unfinished_requests(self) -> bool:
         return self.output_processor.has_unfinished_requests()

@@ -1,6 +1,6 @@
 """StepProfiler: where the host's time per engine step goes (`profile_host=True`).
 
-It wraps the four calls a step makes, without a branch in `EngineCore.step`:
+`EngineCore` runs each step in four named phases, `with profiler.phase(name):`
 - `schedule`: the scheduler plans the step;
 - `execute`: the model runner fills the packed inputs and dispatches the compiled step (on a
   GPU this returns before the device finishes unless the step makes XLA wait for it);
@@ -8,23 +8,42 @@ It wraps the four calls a step makes, without a branch in `EngineCore.step`:
 - `update`: the scheduler applies the tokens.
 `schedule + execute + update` is host work that async scheduling overlaps with the device;
 the engine keeps up with the device while it stays below the device's time per step. Every
-`interval` steps one log line gives the means per step, and `means()` returns them.
+`interval` steps one log line gives the means per step, and `means()` returns them. With
+`profile_host` off the engine holds a `NullStepProfiler`, whose phases do nothing, so
+`EngineCore.step` reads the same either way.
 """
 
 import collections
-import functools
+import contextlib
 import logging
 import time
-from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
 PHASES = ("schedule", "execute", "collect", "update")
 
 
+class _PhaseTimer:
+    """Adds the wall time of its `with` block to one phase (phases never nest)."""
+
+    __slots__ = ("_profiler", "_name", "_start")
+
+    def __init__(self, profiler: "StepProfiler", name: str):
+        self._profiler = profiler
+        self._name = name
+        self._start = 0.0
+
+    def __enter__(self) -> None:
+        self._start = time.perf_counter()
+
+    def __exit__(self, *exc_info) -> None:
+        self._profiler._seconds[self._name] += time.perf_counter() - self._start
+
+
 class StepProfiler:
     def __init__(self, interval: int = 100):
         self.interval = interval
+        self._timers = {name: _PhaseTimer(self, name) for name in PHASES}
         self.reset()
 
     def reset(self) -> None:
@@ -33,18 +52,12 @@ class StepProfiler:
         self._seconds: dict[str, float] = collections.defaultdict(float)
         self._start = time.perf_counter()
 
-    def timed(self, phase: str, fn: Callable) -> Callable:
-        """`fn`, adding its wall time to `phase`."""
-
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self._seconds[phase] += time.perf_counter() - start
-
-        return wrapper
+    def phase(self, name: str) -> _PhaseTimer:
+        """A context manager adding its block's wall time to phase `name`."""
+        timer = self._timers.get(name)
+        if timer is None:
+            raise ValueError(f"phase must be one of {PHASES}, got {name!r}.")
+        return timer
 
     def step_done(self) -> None:
         self.num_steps += 1
@@ -64,3 +77,15 @@ class StepProfiler:
         means["host"] = means["schedule"] + means["execute"] + means["update"]
         means["wall"] = (time.perf_counter() - self._start) / steps
         return means
+
+
+class NullStepProfiler:
+    """The profiler of an engine without `profile_host`: every phase and step is a no-op."""
+
+    _NO_OP = contextlib.nullcontext()
+
+    def phase(self, name: str) -> contextlib.nullcontext:
+        return self._NO_OP
+
+    def step_done(self) -> None:
+        pass

@@ -31,6 +31,7 @@ from collections.abc import Callable
 import jax
 from jax.sharding import Mesh
 
+from vjx import process_setup
 from vjx.config import VjxConfig
 from vjx.worker.compile_watch import CompileWatch
 
@@ -75,7 +76,7 @@ def _platform_facts(mesh: Mesh) -> dict:
         "mesh": [list(mesh.axis_names), list(mesh.devices.shape), [d.id for d in mesh.devices.flat]],
         "x64": bool(jax.config.jax_enable_x64),
         "matmul_precision": str(jax.config.jax_default_matmul_precision),
-        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "xla_flags": process_setup.xla_flags(),
     }
 
 

@@ -14,7 +14,6 @@ buffer's length.
 """
 
 import functools
-import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -28,18 +27,8 @@ from vjx.sampling.sampler import sample
 from vjx.sharding.constraints import replicate
 from vjx.worker.step_layout import StepLayout
 
-_COMPILATION_CACHE_DIR = pathlib.Path.home() / ".cache" / "vjx" / "xla"
 # Prompt logprobs need the logits of every token: computed this many tokens at a time.
 _PROMPT_LOGITS_CHUNK = 256
-
-
-def enable_compilation_cache() -> None:
-    """Turns on JAX's persistent compilation cache unless the user configured one."""
-    if jax.config.jax_compilation_cache_dir:
-        return
-    jax.config.update("jax_compilation_cache_dir", str(_COMPILATION_CACHE_DIR))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
 
 def _sampling_metadata(layout: StepLayout, f: dict[str, Array], history: Int[Array, "N L"],

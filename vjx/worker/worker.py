@@ -24,7 +24,6 @@ from vjx.sharding.placement import filled, num_cache_kv_heads
 from vjx.sharding.rules import logical_sharding
 from vjx.worker.executable_cache import ExecutableCache
 from vjx.worker.model_runner import ModelRunner
-from vjx.worker.step import enable_compilation_cache
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +37,6 @@ class Worker:
 
     def __init__(self, config: VjxConfig):
         self.config = config
-        enable_compilation_cache()
         self.mesh = make_mesh(config.parallel_config)
         self.backend = get_attention_backend(config.attention_backend)
         start = time.perf_counter()
