@@ -6,7 +6,7 @@ import os
 import jax
 import pytest
 
-from tests.engine.fake_engine_core import make_llm
+from tests.helpers.fake_engine_core import make_llm
 from vjx import process_setup
 from vjx.engine_args import EngineArgs
 
