@@ -21,6 +21,8 @@ demo: $(STAMP)
 	$(VENV)/bin/vjx generate --prompt "What is the capital of France? Answer in one sentence." --max-tokens 48 --chat
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/python -m pytest -q tests
 
 clean:

@@ -101,8 +101,10 @@ def random_token_ids(rng: np.random.Generator, vocab_size: int, lengths) -> list
 def workload_label(result: dict) -> str:
     """A throughput run's requests and lengths, for tables and plots."""
     if result["dataset"] == "sharegpt-synthetic":
-        return (f"{result['num_prompts']} x sharegpt-synthetic (mean {result['mean_input_len']:.0f} in, "
-                f"{result['mean_output_len']:.0f} out)")
+        return (
+            f"{result['num_prompts']} x sharegpt-synthetic (mean {result['mean_input_len']:.0f} in, "
+            f"{result['mean_output_len']:.0f} out)"
+        )
     return f"{result['num_prompts']} x ({result['input_len']} in, {result['output_len']} out)"
 
 

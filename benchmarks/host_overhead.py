@@ -60,8 +60,20 @@ RUNNER_PHASES = {
     "_features": "features",
     "_to_device": "device_put",
 }
-HOST_PHASES = ("schedule", "update_states", "order_rows", "prepare_inputs", "prepare_sampling", "features",
-               "device_put", "step_call", "execute_other", "collect", "update", "gc")
+HOST_PHASES = (
+    "schedule",
+    "update_states",
+    "order_rows",
+    "prepare_inputs",
+    "prepare_sampling",
+    "features",
+    "device_put",
+    "step_call",
+    "execute_other",
+    "collect",
+    "update",
+    "gc",
+)
 OTHER_PHASES = ("device_wait", "front_end")
 HEADER = ["batch", "steps", *HOST_PHASES, "host", "device_wait", "front_end", "wall"]
 CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
@@ -176,11 +188,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input-len", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=128)
-    parser.add_argument("--batch-size", type=int, nargs="+", default=[8, 64, 256],
-                        help="One or more batch sizes, run in order on one engine.")
-    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
-                        help="wall: elapsed time; thread: the engine thread's CPU time (steadier on a "
-                        "shared machine, but blind to waiting and to other threads' work).")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        nargs="+",
+        default=[8, 64, 256],
+        help="One or more batch sizes, run in order on one engine.",
+    )
+    parser.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="wall",
+        help="wall: elapsed time; thread: the engine thread's CPU time (steadier on a "
+        "shared machine, but blind to waiting and to other threads' work).",
+    )
     parser.add_argument("--output-json", default=None)
     EngineArgs.add_cli_args(parser)
     args = parser.parse_args(argv)
@@ -195,16 +216,26 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     llm, result = harness.start_engine_run(args, "host_overhead")
     config = llm.llm_engine.config
-    result.update({"input_len": args.input_len, "output_len": args.output_len,
-                   "clock": args.clock, "async_scheduling": config.scheduler_config.async_scheduling,
-                   "max_num_seqs": config.scheduler_config.max_num_seqs,
-                   "max_model_len": config.scheduler_config.max_model_len, "runs": []})
+    result.update(
+        {
+            "input_len": args.input_len,
+            "output_len": args.output_len,
+            "clock": args.clock,
+            "async_scheduling": config.scheduler_config.async_scheduling,
+            "max_num_seqs": config.scheduler_config.max_num_seqs,
+            "max_model_len": config.scheduler_config.max_model_len,
+            "runs": [],
+        }
+    )
     clock = PhaseClock(CLOCKS[args.clock])
     instrument(llm, clock)
     rng = np.random.default_rng(args.seed)
-    print(f"host overhead: {result['device']}, {config.model_config.model}, async_scheduling="
-          f"{config.scheduler_config.async_scheduling}, {args.input_len} in / {args.output_len} out; "
-          f"{args.clock} ms per step", flush=True)
+    print(
+        f"host overhead: {result['device']}, {config.model_config.model}, async_scheduling="
+        f"{config.scheduler_config.async_scheduling}, {args.input_len} in / {args.output_len} out; "
+        f"{args.clock} ms per step",
+        flush=True,
+    )
     harness.print_header(HEADER)
     for batch_size in args.batch_size:
         run = run_batch(llm, clock, args, batch_size, rng)

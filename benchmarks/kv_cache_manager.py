@@ -35,9 +35,7 @@ _CALLS = ("get_computed_blocks", "allocate_slots (prefill)", "allocate_slots (de
 def _make_requests(args: argparse.Namespace) -> list[Request]:
     rng = random.Random(args.seed)
     num_shared = int(args.prompt_len * args.shared_fraction)
-    prefixes = [
-        [rng.randrange(50_000) for _ in range(num_shared)] for _ in range(args.num_prefixes)
-    ]
+    prefixes = [[rng.randrange(50_000) for _ in range(num_shared)] for _ in range(args.num_prefixes)]
     params = SamplingParams(max_tokens=args.output_len)
     requests = []
     for i in range(args.num_requests):
@@ -116,12 +114,8 @@ def _run_once(args: argparse.Namespace, hash_algo: str) -> tuple[_Timer, int]:
 
 
 def _summarize(timers: list[_Timer], num_hit_tokens: int, num_prompt_tokens: int) -> dict:
-    best_mean_us = {
-        name: min(statistics.fmean(timer.us[name]) for timer in timers) for name in _CALLS
-    }
-    median_us = {
-        name: statistics.median(us for timer in timers for us in timer.us[name]) for name in _CALLS
-    }
+    best_mean_us = {name: min(statistics.fmean(timer.us[name]) for timer in timers) for name in _CALLS}
+    median_us = {name: statistics.median(us for timer in timers for us in timer.us[name]) for name in _CALLS}
     allocate = ("allocate_slots (prefill)", "allocate_slots (decode)")
     allocate_us = [us for timer in timers for name in allocate for us in timer.us[name]]
     return {
@@ -161,10 +155,9 @@ def _print_table(result: dict) -> None:
         rows.append([hash_algo, *cells])
     harness.print_table(["hash", *(f"{name} us" for name in names), "prefix hit rate"], rows)
 
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num-requests", type=int, default=1000)
     parser.add_argument("--prompt-len", type=int, default=2048)
     parser.add_argument("--shared-fraction", type=float, default=0.5)

@@ -33,8 +33,20 @@ from benchmarks import harness, roofline
 from vjx import EngineArgs, SamplingParams
 
 PERCENTILES = (10, 25, 50, 75, 90, 99)
-HEADER = ["batch", "in", "out", "mean s", "p50 s", "p90 s", "p99 s", "prefill s", "decode step ms",
-          "roofline", "decode HBM", "prefill TC"]
+HEADER = [
+    "batch",
+    "in",
+    "out",
+    "mean s",
+    "p50 s",
+    "p90 s",
+    "p99 s",
+    "prefill s",
+    "decode step ms",
+    "roofline",
+    "decode HBM",
+    "prefill TC",
+]
 
 
 def _positive(name: str, value: int, minimum: int = 1) -> None:
@@ -70,8 +82,9 @@ def measure_batch(generate, make_prompts, args: argparse.Namespace) -> dict:
 
     `generate(prompts, max_tokens)` runs a batch to completion; `make_prompts()` draws one.
     """
-    row = summarize(time_batches(lambda p: generate(p, args.output_len), make_prompts,
-                                 args.num_iters_warmup, args.num_iters))
+    row = summarize(
+        time_batches(lambda p: generate(p, args.output_len), make_prompts, args.num_iters_warmup, args.num_iters)
+    )
     prefill = time_batches(lambda p: generate(p, 1), make_prompts, min(args.num_iters_warmup, 1), args.num_iters)
     row["prefill_s"] = float(np.mean(prefill))
     row["decode_step_s"] = None
@@ -89,8 +102,9 @@ def run_batch(llm, args: argparse.Namespace, batch_size: int, rng: np.random.Gen
         return [{"prompt_token_ids": row} for row in ids]
 
     def generate(prompts, max_tokens: int):
-        params = SamplingParams(temperature=1.0, top_p=1.0, ignore_eos=True, max_tokens=max_tokens,
-                                detokenize=not args.disable_detokenize)
+        params = SamplingParams(
+            temperature=1.0, top_p=1.0, ignore_eos=True, max_tokens=max_tokens, detokenize=not args.disable_detokenize
+        )
         return llm.generate(prompts, params, use_tqdm=False)
 
     row = {"batch_size": batch_size, "input_len": args.input_len, "output_len": args.output_len}
@@ -101,18 +115,29 @@ def run_batch(llm, args: argparse.Namespace, batch_size: int, rng: np.random.Gen
 def table_row(run: dict) -> list[str]:
     fmt = harness.fmt
     decode_ms = None if run["decode_step_s"] is None else run["decode_step_s"] * 1e3
-    return [str(run["batch_size"]), str(run["input_len"]), str(run["output_len"]), fmt(run["latency_s"]),
-            fmt(run["p50_s"]), fmt(run["p90_s"]), fmt(run["p99_s"]), fmt(run["prefill_s"]),
-            fmt(decode_ms, ".2f"), fmt(run["latency_roofline_fraction"], ".1%"),
-            fmt(run["decode_hbm_fraction"], ".1%"), fmt(run["prefill_tensor_core_fraction"], ".1%")]
+    return [
+        str(run["batch_size"]),
+        str(run["input_len"]),
+        str(run["output_len"]),
+        fmt(run["latency_s"]),
+        fmt(run["p50_s"]),
+        fmt(run["p90_s"]),
+        fmt(run["p99_s"]),
+        fmt(run["prefill_s"]),
+        fmt(decode_ms, ".2f"),
+        fmt(run["latency_roofline_fraction"], ".1%"),
+        fmt(run["decode_hbm_fraction"], ".1%"),
+        fmt(run["prefill_tensor_core_fraction"], ".1%"),
+    ]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input-len", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=128)
-    parser.add_argument("--batch-size", type=int, nargs="+", default=[8],
-                        help="One or more batch sizes, run in order on one engine.")
+    parser.add_argument(
+        "--batch-size", type=int, nargs="+", default=[8], help="One or more batch sizes, run in order on one engine."
+    )
     parser.add_argument("--num-iters-warmup", type=int, default=10)
     parser.add_argument("--num-iters", type=int, default=30)
     parser.add_argument("--disable-detokenize", action="store_true")
@@ -133,13 +158,22 @@ def main(argv: list[str] | None = None) -> int:
     llm, result = harness.start_engine_run(args, "latency")
     model_config = llm.llm_engine.config.model_config
     device = result["device"]
-    result.update({"dtype": model_config.dtype, "num_iters_warmup": args.num_iters_warmup,
-                   "num_iters": args.num_iters, "runs": []})
+    result.update(
+        {
+            "dtype": model_config.dtype,
+            "num_iters_warmup": args.num_iters_warmup,
+            "num_iters": args.num_iters,
+            "runs": [],
+        }
+    )
     shape = roofline.ModelShape.from_hf_config(model_config.hf_config.to_dict(), model_config.dtype)
     peak = roofline.DEVICE_PEAKS.get(device)
     rng = np.random.default_rng(args.seed)
-    print(f"latency: {device}, {model_config.model}, start-up "
-          + ", ".join(f"{name} {value}" for name, value in harness.startup_rows(result)), flush=True)
+    print(
+        f"latency: {device}, {model_config.model}, start-up "
+        + ", ".join(f"{name} {value}" for name, value in harness.startup_rows(result)),
+        flush=True,
+    )
     harness.print_header(HEADER)
     engine = llm.llm_engine
     profiler = engine.engine_core.engine_core.profiler if engine.config.profile_host else None

@@ -46,13 +46,20 @@ def _prompts(rng: np.random.Generator, vocab_size: int, num_prompts: int, input_
 
 
 def _start(args: argparse.Namespace, tensor_parallel_size: int) -> tuple[LLM, dict]:
-    engine_args = {**vars(EngineArgs.from_cli_args(args)), "multiprocess": False,
-                   "tensor_parallel_size": tensor_parallel_size}
+    engine_args = {
+        **vars(EngineArgs.from_cli_args(args)),
+        "multiprocess": False,
+        "tensor_parallel_size": tensor_parallel_size,
+    }
     start = time.perf_counter()
     llm = LLM(**engine_args)
     core = llm.llm_engine.engine_core.engine_core
-    startup = {"engine_ready_s": time.perf_counter() - start, "load_s": core.model_executor.worker.load_time,
-               "warmup_s": core.warmup_time, "num_gpu_blocks": core.num_gpu_blocks}
+    startup = {
+        "engine_ready_s": time.perf_counter() - start,
+        "load_s": core.model_executor.worker.load_time,
+        "warmup_s": core.warmup_time,
+        "num_gpu_blocks": core.num_gpu_blocks,
+    }
     return llm, startup
 
 
@@ -62,8 +69,9 @@ def _vocab_size(llm: LLM) -> int:
 
 def _greedy(llm: LLM, args: argparse.Namespace) -> list[dict]:
     """Each greedy prompt's tokens and, per position, the top-5 token ids."""
-    prompts = _prompts(np.random.default_rng(args.seed), _vocab_size(llm), args.num_greedy_prompts,
-                       args.greedy_input_len)
+    prompts = _prompts(
+        np.random.default_rng(args.seed), _vocab_size(llm), args.num_greedy_prompts, args.greedy_input_len
+    )
     params = SamplingParams(temperature=0.0, max_tokens=args.greedy_output_len, ignore_eos=True, logprobs=TOP_K)
     rows = []
     for output in llm.generate(prompts, params, use_tqdm=False):
@@ -109,8 +117,11 @@ def _throughput(llm: LLM, args: argparse.Namespace) -> dict:
     elapsed = time.perf_counter() - start
     num_output = sum(len(o.outputs[0].token_ids) for o in outputs)
     return {
-        "num_prompts": args.num_prompts, "input_len": args.input_len, "output_len": args.output_len,
-        "generate_s": elapsed, "output_tok_per_s": num_output / elapsed,
+        "num_prompts": args.num_prompts,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "generate_s": elapsed,
+        "output_tok_per_s": num_output / elapsed,
         "total_tok_per_s": (num_output + args.num_prompts * args.input_len) / elapsed,
         "requests_per_s": args.num_prompts / elapsed,
     }
@@ -121,8 +132,11 @@ def run_size(args: argparse.Namespace, tensor_parallel_size: int) -> dict:
     import jax
 
     llm, startup = _start(args, tensor_parallel_size)
-    llm.generate(_prompts(np.random.default_rng(0), _vocab_size(llm), 1, 8),
-                 SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)
+    llm.generate(
+        _prompts(np.random.default_rng(0), _vocab_size(llm), 1, 8),
+        SamplingParams(max_tokens=2, ignore_eos=True),
+        use_tqdm=False,
+    )
     result = {
         "tensor_parallel_size": tensor_parallel_size,
         "device": f"{jax.default_backend()}: {jax.devices()[0].device_kind} x {tensor_parallel_size}",
@@ -139,8 +153,16 @@ def run_size(args: argparse.Namespace, tensor_parallel_size: int) -> dict:
 def _run_in_child(argv: list[str], tensor_parallel_size: int) -> dict:
     """One size in a fresh interpreter, so the previous engine's device memory is free."""
     with tempfile.NamedTemporaryFile(suffix=".json") as part:
-        command = [sys.executable, "-m", "benchmarks.parallel", *_without_option(argv, "--tp-sizes"),
-                   "--tp-sizes", str(tensor_parallel_size), "--output-json", part.name]
+        command = [
+            sys.executable,
+            "-m",
+            "benchmarks.parallel",
+            *_without_option(argv, "--tp-sizes"),
+            "--tp-sizes",
+            str(tensor_parallel_size),
+            "--output-json",
+            part.name,
+        ]
         subprocess.run(command, check=True)
         with open(part.name) as f:
             return json.load(f)["runs"][0]
@@ -169,12 +191,17 @@ def compare_greedy(reference: list[dict], other: list[dict]) -> dict:
         diff = min(len(ref["token_ids"]), len(got["token_ids"])) if diff is None else diff
         first_differences.append({"prompt": i, "position": diff})
         if diff < min(len(ref["top_ids"]), len(got["top_ids"])):
-            is_close &= (got["token_ids"][diff] in ref["top_ids"][diff]
-                         and ref["token_ids"][diff] in got["top_ids"][diff])
+            is_close &= (
+                got["token_ids"][diff] in ref["top_ids"][diff] and ref["token_ids"][diff] in got["top_ids"][diff]
+            )
         else:
             is_close = False
-    return {"num_prompts": len(reference), "num_exact": num_exact, "first_differences": first_differences,
-            "within_top5_rule": is_close}
+    return {
+        "num_prompts": len(reference),
+        "num_exact": num_exact,
+        "first_differences": first_differences,
+        "within_top5_rule": is_close,
+    }
 
 
 def summarize(runs: list[dict], argv: list[str]) -> dict:
@@ -193,9 +220,11 @@ def summarize(runs: list[dict], argv: list[str]) -> dict:
 def print_table(result: dict) -> None:
     runs = result["runs"]
     columns = [f"TP {run['tensor_parallel_size']}" for run in runs]
-    rows = [("device", [run["device"] for run in runs]),
-            ("engine ready s", [f"{run['engine_ready_s']:.1f}" for run in runs]),
-            ("KV blocks", [str(run["num_gpu_blocks"]) for run in runs])]
+    rows = [
+        ("device", [run["device"] for run in runs]),
+        ("engine ready s", [f"{run['engine_ready_s']:.1f}" for run in runs]),
+        ("KV blocks", [str(run["num_gpu_blocks"]) for run in runs]),
+    ]
     for i, row in enumerate(runs[0]["latency"]):
         batch = row["batch_size"]
         rows.append((f"decode step ms, batch {batch}", [f"{run['latency'][i]['decode_step_ms']:.2f}" for run in runs]))

@@ -23,9 +23,15 @@ from benchmarks import harness
 from vjx import AsyncLLM, EngineArgs, SamplingParams
 from vjx.engine.llm_engine import LLMEngine
 
-_ENGINE_ARGS = dict(max_model_len=256, max_num_seqs=16, max_num_batched_tokens=256,
-                    enable_chunked_prefill=False, num_gpu_blocks_override=400, async_scheduling=False,
-                    disable_log_stats=True)
+_ENGINE_ARGS = dict(
+    max_model_len=256,
+    max_num_seqs=16,
+    max_num_batched_tokens=256,
+    enable_chunked_prefill=False,
+    num_gpu_blocks_override=400,
+    async_scheduling=False,
+    disable_log_stats=True,
+)
 _PROMPT = {"prompt_token_ids": [1000]}
 _PARAMS = SamplingParams(temperature=0.0, max_tokens=1)
 
@@ -82,8 +88,10 @@ def run(num_requests: int, num_warmup: int) -> dict:
         "command": " ".join(["python -m benchmarks.process_hop"] + sys.argv[1:]),
         "num_requests": num_requests,
         **summaries,
-        "added_median_ms": {"multiprocess": summaries["multiprocess"]["median_ms"] - base,
-                            "async_llm": summaries["async_llm"]["median_ms"] - base},
+        "added_median_ms": {
+            "multiprocess": summaries["multiprocess"]["median_ms"] - base,
+            "async_llm": summaries["async_llm"]["median_ms"] - base,
+        },
     }
 
 
@@ -101,6 +109,7 @@ def main(argv: list[str] | None = None) -> None:
         rows.append([name, f"{row['median_ms']:.3f}", f"{row['p90_ms']:.3f}", f"{row['min_ms']:.3f}", f"{added:+.3f}"])
     harness.print_table([result["device"], "median ms", "p90 ms", "min ms", "added median ms"], rows)
     harness.write_json(args.output_json, result)
+
 
 if __name__ == "__main__":
     main()

@@ -142,12 +142,14 @@ def request_flops(shape: ModelShape, input_len: int, output_len: int) -> int:
 
 
 def floor_s(shape: ModelShape, requests: list[tuple[int, int]], peak: DevicePeak) -> float:
-    return max(step_bytes(shape, requests) / peak.hbm_bytes_per_s,
-               step_flops(shape, requests) / peak.dense_bf16_flops_per_s)
+    return max(
+        step_bytes(shape, requests) / peak.hbm_bytes_per_s, step_flops(shape, requests) / peak.dense_bf16_flops_per_s
+    )
 
 
-def batch_latency_floor_s(shape: ModelShape, batch_size: int, input_len: int, output_len: int,
-                          peak: DevicePeak) -> float:
+def batch_latency_floor_s(
+    shape: ModelShape, batch_size: int, input_len: int, output_len: int, peak: DevicePeak
+) -> float:
     """The fastest a batch can finish: one prefill step, then output_len - 1 decode steps."""
     total = floor_s(shape, [(input_len, input_len)] * batch_size, peak)
     for seq_len in range(input_len + 1, input_len + output_len):
@@ -162,8 +164,7 @@ def mean_decode_requests(batch_size: int, input_len: int, output_len: int) -> li
     return [(1, mean_seq_len)] * batch_size
 
 
-def latency_roofline(shape: ModelShape, peak: DevicePeak | None, workload: tuple[int, int, int],
-                     times: dict) -> dict:
+def latency_roofline(shape: ModelShape, peak: DevicePeak | None, workload: tuple[int, int, int], times: dict) -> dict:
     """Roofline fields of a latency run. `workload` is (batch, input_len, output_len);
     `times` holds the measured `latency_s`, `prefill_s` and `decode_step_s` (any may be None)."""
     batch_size, input_len, output_len = workload
@@ -172,8 +173,10 @@ def latency_roofline(shape: ModelShape, peak: DevicePeak | None, workload: tuple
     fields = {
         "decode_step_bytes": step_bytes(shape, decode),
         "prefill_flops": step_flops(shape, prefill),
-        "latency_floor_s": None, "latency_roofline_fraction": None,
-        "decode_hbm_fraction": None, "prefill_tensor_core_fraction": None,
+        "latency_floor_s": None,
+        "latency_roofline_fraction": None,
+        "decode_hbm_fraction": None,
+        "prefill_tensor_core_fraction": None,
     }
     if peak is None:
         return fields
@@ -184,12 +187,14 @@ def latency_roofline(shape: ModelShape, peak: DevicePeak | None, workload: tuple
         fields["decode_hbm_fraction"] = fields["decode_step_bytes"] / times["decode_step_s"] / peak.hbm_bytes_per_s
     if times.get("prefill_s"):
         fields["prefill_tensor_core_fraction"] = (
-            fields["prefill_flops"] / times["prefill_s"] / peak.dense_bf16_flops_per_s)
+            fields["prefill_flops"] / times["prefill_s"] / peak.dense_bf16_flops_per_s
+        )
     return fields
 
 
-def throughput_roofline(shape: ModelShape, peak: DevicePeak | None, lengths: list[tuple[int, int]],
-                        elapsed_s: float) -> dict:
+def throughput_roofline(
+    shape: ModelShape, peak: DevicePeak | None, lengths: list[tuple[int, int]], elapsed_s: float
+) -> dict:
     """Model FLOPs of a throughput run's (input_len, output_len) requests and the fraction of
     the tensor-core peak they reach over `elapsed_s` (model FLOPs utilization)."""
     flops = sum(request_flops(shape, i, o) for i, o in lengths)
@@ -205,8 +210,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--input-len", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--device-kind", default="NVIDIA H200", help=f"One of {sorted(DEVICE_PEAKS)}.")
-    parser.add_argument("--latency-json", default=None,
-                        help="A benchmarks.latency result: adds the fractions its measured times reach.")
+    parser.add_argument(
+        "--latency-json", default=None, help="A benchmarks.latency result: adds the fractions its measured times reach."
+    )
     return parser.parse_args(argv)
 
 
@@ -232,12 +238,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.latency_json:
         with open(args.latency_json) as f:
             for run in json.load(f)["runs"]:
-                rows.append([f"batch {run['batch_size']}: latency / decode HBM / prefill TC fraction",
-                             " / ".join(fmt(run.get(k), ".1%") for k in (
-                                 "latency_roofline_fraction", "decode_hbm_fraction",
-                                 "prefill_tensor_core_fraction"))])
-    print(f"roofline: {args.model}, {args.dtype}, batch {args.batch_size}, {args.input_len} in, "
-          f"{args.output_len} out, {args.device_kind}")
+                rows.append(
+                    [
+                        f"batch {run['batch_size']}: latency / decode HBM / prefill TC fraction",
+                        " / ".join(
+                            fmt(run.get(k), ".1%")
+                            for k in (
+                                "latency_roofline_fraction",
+                                "decode_hbm_fraction",
+                                "prefill_tensor_core_fraction",
+                            )
+                        ),
+                    ]
+                )
+    print(
+        f"roofline: {args.model}, {args.dtype}, batch {args.batch_size}, {args.input_len} in, "
+        f"{args.output_len} out, {args.device_kind}"
+    )
     print_table(["quantity", "value"], rows)
     return 0
 

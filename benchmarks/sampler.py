@@ -31,8 +31,8 @@ import numpy as np
 from benchmarks import harness
 from vjx.sampling.logprobs import compute_logprobs
 from vjx.sampling.metadata import SamplingMetadata
-from vjx.worker.step_inputs import STEP_INPUTS
 from vjx.sampling.sampler import sample
+from vjx.worker.step_inputs import STEP_INPUTS
 
 _NUM_LOGPROBS = 20
 _FILTERS = dict(temperature=0.8, top_k=50, top_p=0.9)
@@ -56,10 +56,19 @@ def _metadata(args: argparse.Namespace, fields: dict, has_masks: bool, all_greed
     """Every row alike; `has_masks` turns on logit bias, bad words and min_tokens as well."""
     rng = np.random.default_rng(args.seed)
     r, v, history_len = args.num_rows, args.vocab_size, args.history_len
-    neutral = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, presence_penalty=0.0,
-                   frequency_penalty=0.0, repetition_penalty=1.0)
-    per_row = {name: np.full(r, fields.get(name, value), np.int32 if name == "top_k" else np.float32)
-               for name, value in neutral.items()}
+    neutral = dict(
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        min_p=0.0,
+        presence_penalty=0.0,
+        frequency_penalty=0.0,
+        repetition_penalty=1.0,
+    )
+    per_row = {
+        name: np.full(r, fields.get(name, value), np.int32 if name == "top_k" else np.float32)
+        for name, value in neutral.items()
+    }
     bias = np.zeros((r, v), np.float32)
     bad_words = np.full((r, 4, 3), -1, np.int32)
     if has_masks:
@@ -99,8 +108,12 @@ def _time(fn, logits: jax.Array, other: tuple, repeats: int) -> dict:
         start = time.perf_counter()
         jax.block_until_ready(compiled(*arguments))
         times_ms.append((time.perf_counter() - start) * 1e3)
-    return {"median_ms": statistics.median(times_ms), "min_ms": min(times_ms), "compile_s": compile_s,
-            "times_ms": times_ms}
+    return {
+        "median_ms": statistics.median(times_ms),
+        "min_ms": min(times_ms),
+        "compile_s": compile_s,
+        "times_ms": times_ms,
+    }
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -141,12 +154,19 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     result = run(args)
     harness.print_table(
-        [f"case ({result['num_rows']} rows x {result['vocab_size']} vocab, {result['device']})", "median ms",
-         "min ms", "compile s"],
-        [[name, f"{r['median_ms']:.2f}", f"{r['min_ms']:.2f}", f"{r['compile_s']:.1f}"]
-         for name, r in result["results"].items()],
+        [
+            f"case ({result['num_rows']} rows x {result['vocab_size']} vocab, {result['device']})",
+            "median ms",
+            "min ms",
+            "compile s",
+        ],
+        [
+            [name, f"{r['median_ms']:.2f}", f"{r['min_ms']:.2f}", f"{r['compile_s']:.1f}"]
+            for name, r in result["results"].items()
+        ],
     )
     harness.write_json(args.output_json, result)
+
 
 if __name__ == "__main__":
     main()

@@ -19,10 +19,10 @@ import numpy as np
 from benchmarks import harness
 from vjx.config import CacheConfig, SchedulerConfig
 from vjx.core.request import Request
-from vjx.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vjx.core.sched.async_scheduler import AsyncScheduler
 from vjx.core.sched.output import SchedulerOutput
 from vjx.core.sched.scheduler import Scheduler
+from vjx.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vjx.outputs import ModelRunnerOutput
 from vjx.sampling_params import SamplingParams
 
@@ -155,12 +155,20 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     result = run(args)
     harness.print_table(
-        [f"scheduler ({result['num_requests']} running, {result['num_steps']} steps)", "median ms", "p90 ms",
-         "p99 ms", "of which allocate_slots, ms"],
-        [[name, f"{r['median_ms']:.3f}", f"{r['p90_ms']:.3f}", f"{r['p99_ms']:.3f}", f"{r['allocate_slots_ms']:.3f}"]
-         for name, r in result["results"].items()],
+        [
+            f"scheduler ({result['num_requests']} running, {result['num_steps']} steps)",
+            "median ms",
+            "p90 ms",
+            "p99 ms",
+            "of which allocate_slots, ms",
+        ],
+        [
+            [name, f"{r['median_ms']:.3f}", f"{r['p90_ms']:.3f}", f"{r['p99_ms']:.3f}", f"{r['allocate_slots_ms']:.3f}"]
+            for name, r in result["results"].items()
+        ],
     )
     harness.write_json(args.output_json, result)
+
 
 if __name__ == "__main__":
     main()

@@ -45,8 +45,14 @@ async def _send(client, model: str, prompt: list[int], output_len: int) -> Reque
     last, ttft, itls, usage = start, None, [], None
     try:
         stream = await client.completions.create(
-            model=model, prompt=prompt, max_tokens=output_len, temperature=0.0, stream=True,
-            stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+            model=model,
+            prompt=prompt,
+            max_tokens=output_len,
+            temperature=0.0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
         async for chunk in stream:
             now = time.perf_counter()
             if chunk.usage is not None:
@@ -61,12 +67,14 @@ async def _send(client, model: str, prompt: list[int], output_len: int) -> Reque
     except Exception as e:  # noqa: BLE001 - a failed request is counted, not fatal
         return RequestResult(ok=False, error=f"{type(e).__name__}: {e}")
     num_tokens = usage.completion_tokens if usage is not None else len(itls) + 1
-    return RequestResult(ok=ttft is not None, latency_s=last - start, ttft_s=ttft or 0.0, itls_s=itls,
-                         num_output_tokens=num_tokens)
+    return RequestResult(
+        ok=ttft is not None, latency_s=last - start, ttft_s=ttft or 0.0, itls_s=itls, num_output_tokens=num_tokens
+    )
 
 
-async def _run_rate(client, model: str, prompts: list[list[int]], args: argparse.Namespace,
-                    rate: float) -> tuple[list[RequestResult], float]:
+async def _run_rate(
+    client, model: str, prompts: list[list[int]], args: argparse.Namespace, rate: float
+) -> tuple[list[RequestResult], float]:
     """All prompts at `rate` requests/s (Poisson arrivals); returns results and the wall time."""
     rng = np.random.default_rng(args.seed)
     semaphore = asyncio.Semaphore(args.max_concurrency or len(prompts))
@@ -133,8 +141,12 @@ async def run(args: argparse.Namespace) -> dict:
     import openai
 
     model, card = (args.model, {}) if args.model else _served_model(args.base_url, args.api_key)
-    client = openai.AsyncOpenAI(base_url=args.base_url.rstrip("/") + "/v1", api_key=args.api_key or "unused",
-                                max_retries=0, timeout=args.timeout)
+    client = openai.AsyncOpenAI(
+        base_url=args.base_url.rstrip("/") + "/v1",
+        api_key=args.api_key or "unused",
+        max_retries=0,
+        timeout=args.timeout,
+    )
     warmup = await _send(client, model, _random_prompts(args, 1, run_index=-1)[0], 4)
     if not warmup.ok:
         raise RuntimeError(f"The warm-up request failed: {warmup.error}")
@@ -145,34 +157,65 @@ async def run(args: argparse.Namespace) -> dict:
         runs.append(summarize(results, duration, rate, args.input_len))
     await client.close()
     metadata = run_metadata("serve", "vjx", args.platform, args.device, card.get("root") or model)
-    return {**metadata, "base_url": args.base_url, "served_model": model, "num_prompts": args.num_prompts,
-            "input_len": args.input_len, "output_len": args.output_len, "max_concurrency": args.max_concurrency,
-            "runs": runs}
+    return {
+        **metadata,
+        "base_url": args.base_url,
+        "served_model": model,
+        "num_prompts": args.num_prompts,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "max_concurrency": args.max_concurrency,
+        "runs": runs,
+    }
 
 
 def print_results(result: dict) -> None:
-    header = ["rate (req/s)", "done", "req/s", "out tok/s", "TTFT mean/med/p99 (ms)", "TPOT mean/med/p99 (ms)",
-              "ITL mean/med/p99 (ms)"]
+    header = [
+        "rate (req/s)",
+        "done",
+        "req/s",
+        "out tok/s",
+        "TTFT mean/med/p99 (ms)",
+        "TPOT mean/med/p99 (ms)",
+        "ITL mean/med/p99 (ms)",
+    ]
 
     def triple(stats: dict) -> str:
         return " / ".join(fmt(stats[key], ".1f") for key in ("mean", "median", "p99"))
 
-    rows = [[str(run["request_rate"]), f"{run['completed']}/{run['completed'] + run['failed']}",
-             fmt(run["request_throughput"], ".2f"), fmt(run["output_throughput"], ".1f"), triple(run["ttft_ms"]),
-             triple(run["tpot_ms"]), triple(run["itl_ms"])] for run in result["runs"]]
-    print(f"{result['device']}: {result['num_prompts']} x ({result['input_len']} in, {result['output_len']} out), "
-          f"max concurrency {result['max_concurrency'] or 'unlimited'}")
+    rows = [
+        [
+            str(run["request_rate"]),
+            f"{run['completed']}/{run['completed'] + run['failed']}",
+            fmt(run["request_throughput"], ".2f"),
+            fmt(run["output_throughput"], ".1f"),
+            triple(run["ttft_ms"]),
+            triple(run["tpot_ms"]),
+            triple(run["itl_ms"]),
+        ]
+        for run in result["runs"]
+    ]
+    print(
+        f"{result['device']}: {result['num_prompts']} x ({result['input_len']} in, {result['output_len']} out), "
+        f"max concurrency {result['max_concurrency'] or 'unlimited'}"
+    )
     print_table(header, rows)
 
 
 def _make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vjx bench serve", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="vjx bench serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--base-url", default="http://127.0.0.1:8000", help="The server's address.")
     parser.add_argument("--model", default=None, help="Model name to send; the server's first when not given.")
     parser.add_argument("--api-key", default=None, help="The server's API key, if it has one.")
-    parser.add_argument("--request-rate", type=float, nargs="+", default=[float("inf")],
-                        help="Requests per second, one run per value; inf sends every request at once.")
+    parser.add_argument(
+        "--request-rate",
+        type=float,
+        nargs="+",
+        default=[float("inf")],
+        help="Requests per second, one run per value; inf sends every request at once.",
+    )
     parser.add_argument("--max-concurrency", type=int, default=None, help="Most requests in flight at a time.")
     parser.add_argument("--num-prompts", type=int, default=32)
     parser.add_argument("--input-len", type=int, default=128)

@@ -58,8 +58,13 @@ def device_kernel_us(trace_dir: str) -> dict[str, list[float]]:
         with gzip.open(path) as f:
             trace = json.load(f)
         events = trace["traceEvents"] if isinstance(trace, dict) else trace
-        devices = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
-                   and str(e["args"].get("name", "")).startswith(("/device:GPU", "/device:TPU"))}
+        devices = {
+            e["pid"]
+            for e in events
+            if e.get("ph") == "M"
+            and e.get("name") == "process_name"
+            and str(e["args"].get("name", "")).startswith(("/device:GPU", "/device:TPU"))
+        }
         for e in events:
             if e.get("ph") == "X" and e.get("pid") in devices:
                 totals[e["name"]][0] += e.get("dur", 0.0)
@@ -125,8 +130,11 @@ def table_row(run: dict) -> list[str]:
     groups = run["group_ms_per_step"] if run["busy_ms_per_step"] is not None else {}
     busy = run["busy_fraction"]
     return [
-        str(run["batch_size"]), str(run["num_steps"]), harness.fmt(run["wall_ms_per_step"], ".2f"),
-        harness.fmt(run["busy_ms_per_step"], ".2f"), harness.fmt(busy * 100 if busy is not None else None, ".1f"),
+        str(run["batch_size"]),
+        str(run["num_steps"]),
+        harness.fmt(run["wall_ms_per_step"], ".2f"),
+        harness.fmt(run["busy_ms_per_step"], ".2f"),
+        harness.fmt(busy * 100 if busy is not None else None, ".1f"),
         *(harness.fmt(groups.get(group), ".2f") for group in ("gemm", "attention", "kv_write", "other")),
     ]
 
@@ -136,19 +144,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--input-len", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--num-steps", type=int, default=32, help="Decode steps traced per batch.")
-    parser.add_argument("--batch-size", type=int, nargs="+", default=[1, 8, 64, 256],
-                        help="One or more batch sizes, run in order on one engine.")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        nargs="+",
+        default=[1, 8, 64, 256],
+        help="One or more batch sizes, run in order on one engine.",
+    )
     parser.add_argument("--output-json", default=None)
-    parser.add_argument("--trace-dir", default=None,
-                        help="Keep each batch's trace under DIR/batch<N> (Perfetto/TensorBoard) for a timeline.")
+    parser.add_argument(
+        "--trace-dir",
+        default=None,
+        help="Keep each batch's trace under DIR/batch<N> (Perfetto/TensorBoard) for a timeline.",
+    )
     EngineArgs.add_cli_args(parser)
     args = parser.parse_args(argv)
     for name in ("input_len", "num_steps"):
         if getattr(args, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(args, name)}.")
     if args.output_len < args.num_steps + 2:
-        raise ValueError(f"output_len must be >= num_steps + 2 ({args.num_steps + 2}), so every traced "
-                         f"step decodes the whole batch; got {args.output_len}.")
+        raise ValueError(
+            f"output_len must be >= num_steps + 2 ({args.num_steps + 2}), so every traced "
+            f"step decodes the whole batch; got {args.output_len}."
+        )
     harness.check_batch_sizes(args.batch_size, args.max_num_seqs)
     return args
 
@@ -157,11 +175,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     llm, result = harness.start_engine_run(args, "step_profile")
     config = llm.llm_engine.config
-    result.update({"input_len": args.input_len, "output_len": args.output_len,
-                   "async_scheduling": config.scheduler_config.async_scheduling, "runs": []})
+    result.update(
+        {
+            "input_len": args.input_len,
+            "output_len": args.output_len,
+            "async_scheduling": config.scheduler_config.async_scheduling,
+            "runs": [],
+        }
+    )
     rng = np.random.default_rng(args.seed)
-    print(f"step profile: {result['device']}, {config.model_config.model}, {args.input_len} in, "
-          f"{args.num_steps} decode steps traced", flush=True)
+    print(
+        f"step profile: {result['device']}, {config.model_config.model}, {args.input_len} in, "
+        f"{args.num_steps} decode steps traced",
+        flush=True,
+    )
     harness.print_header(HEADER)
     for batch_size in args.batch_size:
         run = run_batch(llm, args, batch_size, rng)
@@ -170,9 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         harness.write_json(args.output_json, result)
     for run in (run for run in result["runs"] if run["top_kernels"]):
         print(f"\nbatch {run['batch_size']}: top kernels")
-        harness.print_table(["kernel", "us/step", "calls/step"], [
-            [k["name"][:70], f"{k['us_per_step']:.1f}", f"{k['calls_per_step']:.1f}"] for k in run["top_kernels"]
-        ])
+        harness.print_table(
+            ["kernel", "us/step", "calls/step"],
+            [[k["name"][:70], f"{k['us_per_step']:.1f}", f"{k['calls_per_step']:.1f}"] for k in run["top_kernels"]],
+        )
     return 0
 
 

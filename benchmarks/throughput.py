@@ -59,8 +59,11 @@ def sharegpt_synthetic_lengths(num_prompts: int, seed: int, max_model_len: int) 
     if max_model_len < 2 * MIN_LEN:
         raise ValueError(f"max_model_len must be >= {2 * MIN_LEN} for sharegpt-synthetic, got {max_model_len}.")
     rng = np.random.default_rng(seed)
-    inputs = np.clip(_log_normal(rng, SHAREGPT_MEAN_INPUT_LEN, num_prompts), MIN_LEN,
-                     min(SHAREGPT_MAX_INPUT_LEN, max_model_len - MIN_LEN))
+    inputs = np.clip(
+        _log_normal(rng, SHAREGPT_MEAN_INPUT_LEN, num_prompts),
+        MIN_LEN,
+        min(SHAREGPT_MAX_INPUT_LEN, max_model_len - MIN_LEN),
+    )
     outputs = np.clip(_log_normal(rng, SHAREGPT_MEAN_OUTPUT_LEN, num_prompts), MIN_LEN, max_model_len - inputs)
     return [(int(i), int(o)) for i, o in zip(inputs, outputs)]
 
@@ -69,8 +72,10 @@ def request_lengths(args: argparse.Namespace, max_model_len: int) -> list[tuple[
     if args.dataset == "sharegpt-synthetic":
         return sharegpt_synthetic_lengths(args.num_prompts, args.seed, max_model_len)
     if args.input_len + args.output_len > max_model_len:
-        raise ValueError(f"input_len + output_len must be <= max_model_len ({max_model_len}), "
-                         f"got {args.input_len} + {args.output_len}.")
+        raise ValueError(
+            f"input_len + output_len must be <= max_model_len ({max_model_len}), "
+            f"got {args.input_len} + {args.output_len}."
+        )
     return [(args.input_len, args.output_len)] * args.num_prompts
 
 
@@ -88,21 +93,23 @@ def run(args: argparse.Namespace) -> dict:
     elapsed = time.perf_counter() - start
     num_output = sum(len(o.outputs[0].token_ids) for o in outputs)
     num_input = sum(i for i, _ in lengths)
-    result.update({
-        "dtype": model_config.dtype,
-        "dataset": args.dataset,
-        "num_prompts": args.num_prompts,
-        "input_len": args.input_len,
-        "output_len": args.output_len,
-        "mean_input_len": num_input / len(lengths),
-        "mean_output_len": num_output / len(lengths),
-        "generate_s": elapsed,
-        "input_tokens": num_input,
-        "output_tokens": num_output,
-        "requests_per_s": args.num_prompts / elapsed,
-        "output_tok_per_s": num_output / elapsed,
-        "total_tok_per_s": (num_output + num_input) / elapsed,
-    })
+    result.update(
+        {
+            "dtype": model_config.dtype,
+            "dataset": args.dataset,
+            "num_prompts": args.num_prompts,
+            "input_len": args.input_len,
+            "output_len": args.output_len,
+            "mean_input_len": num_input / len(lengths),
+            "mean_output_len": num_output / len(lengths),
+            "generate_s": elapsed,
+            "input_tokens": num_input,
+            "output_tokens": num_output,
+            "requests_per_s": args.num_prompts / elapsed,
+            "output_tok_per_s": num_output / elapsed,
+            "total_tok_per_s": (num_output + num_input) / elapsed,
+        }
+    )
     shape = roofline.ModelShape.from_hf_config(model_config.hf_config.to_dict(), model_config.dtype)
     result.update(roofline.throughput_roofline(shape, roofline.DEVICE_PEAKS.get(result["device"]), lengths, elapsed))
     return result
@@ -112,9 +119,15 @@ HEADER = ["engine", "device", "workload", "req/s", "output tok/s", "total tok/s"
 
 
 def table_row(result: dict) -> list[str]:
-    return [result["engine"], result["device"], harness.workload_label(result), f"{result['requests_per_s']:.2f}",
-            f"{result['output_tok_per_s']:.1f}", f"{result['total_tok_per_s']:.1f}",
-            harness.fmt(result["tensor_core_fraction"], ".1%")]
+    return [
+        result["engine"],
+        result["device"],
+        harness.workload_label(result),
+        f"{result['requests_per_s']:.2f}",
+        f"{result['output_tok_per_s']:.1f}",
+        f"{result['total_tok_per_s']:.1f}",
+        harness.fmt(result["tensor_core_fraction"], ".1%"),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -51,8 +51,9 @@ _CLIENT_CLOSED = 499
 class ServerState:
     """Everything the routes use: the engine, its handlers and the metrics."""
 
-    def __init__(self, engine: AsyncLLM, server_args: ServerArgs, served_model_names: list[str],
-                 log_stats: bool = True):
+    def __init__(
+        self, engine: AsyncLLM, server_args: ServerArgs, served_model_names: list[str], log_stats: bool = True
+    ):
         self.engine = engine
         self.server_args = server_args
         self.log_stats = log_stats
@@ -182,7 +183,8 @@ def build_app(state: ServerState) -> ServerGuard:
         stats_logger = None
         if state.log_stats:
             stats_logger = asyncio.ensure_future(
-                state.metrics.log_stats_forever(state.engine, state.server_args.stats_interval))
+                state.metrics.log_stats_forever(state.engine, state.server_args.stats_interval)
+            )
         try:
             yield
         finally:
@@ -200,16 +202,24 @@ def build_app(state: ServerState) -> ServerGuard:
 
 def run_server(engine_args: EngineArgs, server_args: ServerArgs) -> None:
     """Starts the engine process, then serves until SIGINT/SIGTERM."""
-    logging.basicConfig(level=server_args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        force=True)
+    logging.basicConfig(
+        level=server_args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
+    )
     engine = AsyncLLM(engine_args)
     names = server_args.served_model_name or OpenAIServingModels.default_names(
-        engine_args.model, engine.config.model_config.model)
+        engine_args.model, engine.config.model_config.model
+    )
     state = ServerState(engine, server_args, names, log_stats=not engine_args.disable_log_stats)
     config = uvicorn.Config(
-        build_app(state), host=server_args.host, port=server_args.port, log_level=server_args.log_level,
-        access_log=False, timeout_graceful_shutdown=server_args.shutdown_timeout,
-        h11_max_incomplete_event_size=server_args.max_header_bytes * 2, lifespan="on")
+        build_app(state),
+        host=server_args.host,
+        port=server_args.port,
+        log_level=server_args.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=server_args.shutdown_timeout,
+        h11_max_incomplete_event_size=server_args.max_header_bytes * 2,
+        lifespan="on",
+    )
     server = uvicorn.Server(config)
     try:
         server.run()

@@ -14,8 +14,10 @@ def load_chat_template(chat_template: str | None) -> str | None:
         with open(chat_template, encoding="utf-8") as f:
             return f.read()
     if "{" not in chat_template:
-        raise ValueError(f"chat_template must be a file or a Jinja template, got {chat_template!r} "
-                         "(no such file, and no template syntax).")
+        raise ValueError(
+            f"chat_template must be a file or a Jinja template, got {chat_template!r} "
+            "(no such file, and no template syntax)."
+        )
     return chat_template
 
 
@@ -33,20 +35,31 @@ def to_conversation(messages: list[ChatMessage]) -> list[dict]:
     return conversation
 
 
-def apply_chat_template(tokenizer, messages: list[ChatMessage], chat_template: str | None,
-                        add_generation_prompt: bool = True, continue_final_message: bool = False) -> str:
+def apply_chat_template(
+    tokenizer,
+    messages: list[ChatMessage],
+    chat_template: str | None,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+) -> str:
     """The prompt text of a conversation; a template that fails (or none at all) is a 400."""
     if continue_final_message and add_generation_prompt:
-        raise OpenAIError("continue_final_message and add_generation_prompt cannot both be true.", 400,
-                          "continue_final_message")
+        raise OpenAIError(
+            "continue_final_message and add_generation_prompt cannot both be true.", 400, "continue_final_message"
+        )
     if continue_final_message and messages[-1].role != "assistant":
-        raise OpenAIError("continue_final_message needs the last message to be the assistant's.", 400,
-                          "continue_final_message")
+        raise OpenAIError(
+            "continue_final_message needs the last message to be the assistant's.", 400, "continue_final_message"
+        )
     if chat_template is None and getattr(tokenizer, "chat_template", None) is None:
         raise OpenAIError("The model has no chat template; start the server with --chat-template.", 400)
     try:
         return tokenizer.apply_chat_template(
-            to_conversation(messages), chat_template=chat_template, tokenize=False,
-            add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message)
+            to_conversation(messages),
+            chat_template=chat_template,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+        )
     except Exception as e:  # noqa: BLE001 - a template's own error (e.g. raise_exception) is the user's
         raise OpenAIError(f"The chat template failed on these messages: {e}", 400, "messages") from None

@@ -55,11 +55,17 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _add_serve_parser(commands) -> argparse.ArgumentParser:
     serve = commands.add_parser(
-        "serve", help="Serve the OpenAI API (completions, chat, models, metrics) over HTTP.",
+        "serve",
+        help="Serve the OpenAI API (completions, chat, models, metrics) over HTTP.",
         description="Serve the OpenAI-compatible API. Flags may also come from a YAML --config file; "
-                    "flags on the command line win.")
-    serve.add_argument("model_tag", nargs="?", default=None,
-                       help="HF model directory (same as --model); the embedded SmolLM2-135M-Instruct when left out.")
+        "flags on the command line win.",
+    )
+    serve.add_argument(
+        "model_tag",
+        nargs="?",
+        default=None,
+        help="HF model directory (same as --model); the embedded SmolLM2-135M-Instruct when left out.",
+    )
     serve.add_argument("--config", default=None, help="YAML file of flags, e.g. 'max-model-len: 2048'.")
     ServerArgs.add_cli_args(serve)
     EngineArgs.add_cli_args(serve)
@@ -87,8 +93,9 @@ def _make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     EngineArgs.add_cli_args(generate)
     generate.set_defaults(handler=_generate)
     serve = _add_serve_parser(commands)
-    commands.add_parser("bench", help="Benchmarks: vjx bench {latency,throughput,serve} ... (see vjx bench --help).",
-                        add_help=False)
+    commands.add_parser(
+        "bench", help="Benchmarks: vjx bench {latency,throughput,serve} ... (see vjx bench --help).", add_help=False
+    )
     return parser, serve
 
 

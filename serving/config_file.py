@@ -43,8 +43,9 @@ def load_config_file(path: str, parser: argparse.ArgumentParser) -> dict:
     if config is None:
         return {}
     if not isinstance(config, dict):
-        raise ValueError(f"config file {path!r} must hold a mapping of flag names to values, "
-                         f"got a {type(config).__name__}.")
+        raise ValueError(
+            f"config file {path!r} must hold a mapping of flag names to values, got a {type(config).__name__}."
+        )
     actions = _flag_actions(parser)
     defaults = {}
     for key, value in config.items():

@@ -30,8 +30,7 @@ class OpenAIError(Exception):
 
     def to_dict(self) -> dict:
         error_type = _TYPES.get(self.status_code, http.HTTPStatus(self.status_code).phrase.replace(" ", "_").lower())
-        return {"error": {"message": self.message, "type": error_type, "param": self.param,
-                          "code": self.status_code}}
+        return {"error": {"message": self.message, "type": error_type, "param": self.param, "code": self.status_code}}
 
     def to_json_bytes(self) -> bytes:
         return json.dumps(self.to_dict()).encode()

@@ -21,12 +21,74 @@ from vjx.engine.messages import EngineCoreOutput, EngineCoreRequest
 logger = logging.getLogger(__name__)
 
 PREFIX = "vjx:"
-_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-_TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                 20.0, 40.0, 80.0)
-_E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-                240.0, 480.0, 960.0, 1920.0, 7680.0)
+_TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+_TPOT_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+_E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 _STATS_TIMEOUT_S = 5.0
 
 
@@ -57,8 +119,9 @@ class ServerMetrics:
         self.num_requests_running = make(Gauge, "num_requests_running", "Requests in the running queue.")
         self.num_requests_waiting = make(Gauge, "num_requests_waiting", "Requests waiting to run (preempted too).")
         self.kv_cache_usage = make(Gauge, "kv_cache_usage_perc", "Fraction of KV cache blocks in use (1 = all).")
-        self.prefix_cache_queries = make(Counter, "prefix_cache_queries",
-                                         "Prompt tokens looked up in the prefix cache.")
+        self.prefix_cache_queries = make(
+            Counter, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
+        )
         self.prefix_cache_hits = make(Counter, "prefix_cache_hits", "Prompt tokens found in the prefix cache.")
         self.num_preemptions = make(Counter, "num_preemptions", "Requests preempted (recomputed later).")
 
@@ -68,15 +131,30 @@ class ServerMetrics:
 
         self.prompt_tokens = make(Counter, "prompt_tokens", "Prompt tokens of requests that started generating.")
         self.generation_tokens = make(Counter, "generation_tokens", "Generated tokens.")
-        self.time_to_first_token = make(Histogram, "time_to_first_token_seconds",
-                                        "Time from arrival to the first generated token.", buckets=_TTFT_BUCKETS)
-        self.time_per_output_token = make(Histogram, "time_per_output_token_seconds",
-                                          "Time between a request's outputs, per token.", buckets=_TPOT_BUCKETS)
-        self.e2e_request_latency = make(Histogram, "e2e_request_latency_seconds",
-                                        "Time from arrival to the last token of finished requests.",
-                                        buckets=_E2E_BUCKETS)
-        self.request_success = Counter(PREFIX + "request_success", "Finished requests, by finish reason.",
-                                       ["model_name", "finished_reason"], registry=self.registry)
+        self.time_to_first_token = make(
+            Histogram,
+            "time_to_first_token_seconds",
+            "Time from arrival to the first generated token.",
+            buckets=_TTFT_BUCKETS,
+        )
+        self.time_per_output_token = make(
+            Histogram,
+            "time_per_output_token_seconds",
+            "Time between a request's outputs, per token.",
+            buckets=_TPOT_BUCKETS,
+        )
+        self.e2e_request_latency = make(
+            Histogram,
+            "e2e_request_latency_seconds",
+            "Time from arrival to the last token of finished requests.",
+            buckets=_E2E_BUCKETS,
+        )
+        self.request_success = Counter(
+            PREFIX + "request_success",
+            "Finished requests, by finish reason.",
+            ["model_name", "finished_reason"],
+            registry=self.registry,
+        )
 
     def on_requests_added(self, requests: list[EngineCoreRequest]) -> None:
         for request in requests:
@@ -116,13 +194,17 @@ class ServerMetrics:
         self.prefix_cache_hits.inc(stats.num_prefix_hit_tokens)
         self.num_preemptions.inc(stats.num_preemptions)
         totals = self.totals
-        self.totals = stats if totals is None else dataclasses.replace(
-            stats,
-            num_steps=totals.num_steps + stats.num_steps,
-            num_scheduled_tokens=totals.num_scheduled_tokens + stats.num_scheduled_tokens,
-            num_preemptions=totals.num_preemptions + stats.num_preemptions,
-            num_prefix_queried_tokens=totals.num_prefix_queried_tokens + stats.num_prefix_queried_tokens,
-            num_prefix_hit_tokens=totals.num_prefix_hit_tokens + stats.num_prefix_hit_tokens,
+        self.totals = (
+            stats
+            if totals is None
+            else dataclasses.replace(
+                stats,
+                num_steps=totals.num_steps + stats.num_steps,
+                num_scheduled_tokens=totals.num_scheduled_tokens + stats.num_scheduled_tokens,
+                num_preemptions=totals.num_preemptions + stats.num_preemptions,
+                num_prefix_queried_tokens=totals.num_prefix_queried_tokens + stats.num_prefix_queried_tokens,
+                num_prefix_hit_tokens=totals.num_prefix_hit_tokens + stats.num_prefix_hit_tokens,
+            )
         )
 
     async def update_from_engine(self, engine: AsyncLLM) -> None:

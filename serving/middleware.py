@@ -21,8 +21,7 @@ _DRAIN_FACTOR = 8
 
 
 class ServerGuard:
-    def __init__(self, app, api_key: str | None, max_header_bytes: int, max_body_bytes: int,
-                 access_log: str = "off"):
+    def __init__(self, app, api_key: str | None, max_header_bytes: int, max_body_bytes: int, access_log: str = "off"):
         self.app = app
         self.expected_auth = None if api_key is None else f"Bearer {api_key}".encode()
         self.max_header_bytes = max_header_bytes
@@ -57,8 +56,9 @@ class ServerGuard:
     def _check_headers(self, scope) -> tuple[int, str] | None:
         size = sum(len(name) + len(value) for name, value in scope["headers"])
         if size > self.max_header_bytes:
-            return 400, (f"The request headers ({size} bytes) exceed the server's limit of "
-                         f"{self.max_header_bytes} bytes.")
+            return 400, (
+                f"The request headers ({size} bytes) exceed the server's limit of {self.max_header_bytes} bytes."
+            )
         if self.expected_auth is not None and scope["path"] not in _UNGUARDED_PATHS:
             auth = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(auth, self.expected_auth):
@@ -90,12 +90,22 @@ class ServerGuard:
         client = scope.get("client")
         client = f"{client[0]}:{client[1]}" if client else "-"
         if self.access_log == "json":
-            access_logger.info(json.dumps({
-                "time": round(time.time(), 3), "client": client, "method": scope["method"],
-                "path": scope["path"], "status": status, "duration_ms": round(duration_s * 1000, 2)}))
+            access_logger.info(
+                json.dumps(
+                    {
+                        "time": round(time.time(), 3),
+                        "client": client,
+                        "method": scope["method"],
+                        "path": scope["path"],
+                        "status": status,
+                        "duration_ms": round(duration_s * 1000, 2),
+                    }
+                )
+            )
         else:
-            access_logger.info('%s "%s %s" %d %.1f ms', client, scope["method"], scope["path"], status,
-                               duration_s * 1000)
+            access_logger.info(
+                '%s "%s %s" %d %.1f ms', client, scope["method"], scope["path"], status, duration_s * 1000
+            )
 
 
 def _replay(body: bytes, receive):

@@ -146,8 +146,11 @@ class UsageInfo(ResponseModel):
 
     @classmethod
     def of(cls, num_prompt_tokens: int, num_completion_tokens: int) -> "UsageInfo":
-        return cls(prompt_tokens=num_prompt_tokens, completion_tokens=num_completion_tokens,
-                   total_tokens=num_prompt_tokens + num_completion_tokens)
+        return cls(
+            prompt_tokens=num_prompt_tokens,
+            completion_tokens=num_completion_tokens,
+            total_tokens=num_prompt_tokens + num_completion_tokens,
+        )
 
 
 class CompletionLogProbs(ResponseModel):

@@ -15,12 +15,17 @@ def _field(default, help: str, **cli):
 class ServerArgs:
     host: str = _field("127.0.0.1", "Address to listen on (0.0.0.0 for every interface).")
     port: int = _field(8000, "Port to listen on (0 picks a free one).")
-    api_key: str | None = _field(None, "Key every request but /health must send as 'Authorization: Bearer KEY'; "
-                                 "the VJX_API_KEY environment variable when not given.")
-    served_model_name: list[str] | None = _field(None, "Names the model answers to (the first is reported); "
-                                                 "the model argument when not given.", nargs="+")
-    chat_template: str | None = _field(None, "Chat template (a file or the Jinja text); the tokenizer's when "
-                                       "not given.")
+    api_key: str | None = _field(
+        None,
+        "Key every request but /health must send as 'Authorization: Bearer KEY'; "
+        "the VJX_API_KEY environment variable when not given.",
+    )
+    served_model_name: list[str] | None = _field(
+        None, "Names the model answers to (the first is reported); the model argument when not given.", nargs="+"
+    )
+    chat_template: str | None = _field(
+        None, "Chat template (a file or the Jinja text); the tokenizer's when not given."
+    )
     shutdown_timeout: float = _field(30.0, "Seconds SIGTERM waits for in-flight requests before stopping.")
     max_request_body_bytes: int = _field(16 * 1024 * 1024, "Largest request body; larger ones get a 400.")
     max_header_bytes: int = _field(16 * 1024, "Largest total size of a request's headers; larger ones get a 400.")

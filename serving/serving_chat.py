@@ -37,13 +37,24 @@ def make_chat_logprobs(token_ids: list[int], logprobs: list, num_top: int) -> Ch
     for token_id, position in zip(token_ids, logprobs):
         chosen = position[token_id] if token_id in position else next(iter(position.values()))
         token = chosen.decoded_token or ""
-        candidates = sorted((lp for lp in position.values() if lp.rank is not None and lp.rank <= num_top),
-                            key=lambda lp: lp.rank)
-        content.append(ChatTokenLogprob(
-            token=token, logprob=chosen.logprob, bytes=list(token.encode("utf-8")),
-            top_logprobs=[ChatTopLogprob(token=lp.decoded_token or "", logprob=lp.logprob,
-                                         bytes=list((lp.decoded_token or "").encode("utf-8")))
-                          for lp in candidates[:num_top]]))
+        candidates = sorted(
+            (lp for lp in position.values() if lp.rank is not None and lp.rank <= num_top), key=lambda lp: lp.rank
+        )
+        content.append(
+            ChatTokenLogprob(
+                token=token,
+                logprob=chosen.logprob,
+                bytes=list(token.encode("utf-8")),
+                top_logprobs=[
+                    ChatTopLogprob(
+                        token=lp.decoded_token or "",
+                        logprob=lp.logprob,
+                        bytes=list((lp.decoded_token or "").encode("utf-8")),
+                    )
+                    for lp in candidates[:num_top]
+                ],
+            )
+        )
     return ChatChoiceLogprobs(content=content)
 
 
@@ -62,8 +73,13 @@ class OpenAIServingChat(OpenAIServing):
         num_logprobs = (request.top_logprobs or 0) if request.logprobs else None
         self.check_logprobs(num_logprobs, "top_logprobs")
         self.check_logprobs(request.prompt_logprobs, "prompt_logprobs")
-        text = apply_chat_template(self.tokenizer, request.messages, self.chat_template,
-                                   request.add_generation_prompt, request.continue_final_message)
+        text = apply_chat_template(
+            self.tokenizer,
+            request.messages,
+            self.chat_template,
+            request.add_generation_prompt,
+            request.continue_final_message,
+        )
         prompt = self.tokenize(text, request.add_special_tokens, request.truncate_prompt_tokens, "messages")
         if request.max_completion_tokens is not None:
             max_tokens = self.check_lengths(len(prompt), request.max_completion_tokens, "max_completion_tokens")
@@ -79,32 +95,43 @@ class OpenAIServingChat(OpenAIServing):
     def _logprobs(self, request: ChatCompletionRequest, completion: CompletionOutput) -> ChatChoiceLogprobs | None:
         if not request.logprobs:
             return None
-        return make_chat_logprobs(list(completion.token_ids), list(completion.logprobs or []),
-                                  request.top_logprobs or 0)
+        return make_chat_logprobs(
+            list(completion.token_ids), list(completion.logprobs or []), request.top_logprobs or 0
+        )
 
-    async def _full(self, request: ChatCompletionRequest, request_id: str, num_prompt_tokens: int,
-                    streams) -> ChatCompletionResponse:
+    async def _full(
+        self, request: ChatCompletionRequest, request_id: str, num_prompt_tokens: int, streams
+    ) -> ChatCompletionResponse:
         final = None
         async for _, output in merge_streams(streams):
             final = output
         choices = [
             ChatCompletionResponseChoice(
-                index=completion.index, message=ChatMessageOut(content=completion.text),
-                logprobs=self._logprobs(request, completion), finish_reason=completion.finish_reason,
-                stop_reason=completion.stop_reason)
+                index=completion.index,
+                message=ChatMessageOut(content=completion.text),
+                logprobs=self._logprobs(request, completion),
+                finish_reason=completion.finish_reason,
+                stop_reason=completion.stop_reason,
+            )
             for completion in final.outputs
         ]
         num_generated = sum(len(c.token_ids) for c in final.outputs)
-        return ChatCompletionResponse(id=request_id, model=self.models.model_name, choices=choices,
-                                      usage=UsageInfo.of(num_prompt_tokens, num_generated))
+        return ChatCompletionResponse(
+            id=request_id,
+            model=self.models.model_name,
+            choices=choices,
+            usage=UsageInfo.of(num_prompt_tokens, num_generated),
+        )
 
     def _chunk(self, request_id: str, created: int, choice: ChatCompletionStreamChoice) -> str:
-        chunk = ChatCompletionStreamResponse(id=request_id, created=created, model=self.models.model_name,
-                                             choices=[choice])
+        chunk = ChatCompletionStreamResponse(
+            id=request_id, created=created, model=self.models.model_name, choices=[choice]
+        )
         return sse_event(chunk.model_dump_json(exclude={"usage"}))
 
-    async def _stream(self, request: ChatCompletionRequest, request_id: str, num_prompt_tokens: int,
-                      streams) -> AsyncGenerator[str, None]:
+    async def _stream(
+        self, request: ChatCompletionRequest, request_id: str, num_prompt_tokens: int, streams
+    ) -> AsyncGenerator[str, None]:
         created = int(time.time())
         echo = request.messages[-1].content if request.echo and isinstance(request.messages[-1].content, str) else ""
         for index in range(request.n):
@@ -116,13 +143,21 @@ class OpenAIServingChat(OpenAIServing):
                 for completion in output.outputs:
                     num_generated += len(completion.token_ids)
                     choice = ChatCompletionStreamChoice(
-                        index=completion.index, delta=DeltaMessage(content=completion.text),
-                        logprobs=self._logprobs(request, completion), finish_reason=completion.finish_reason,
-                        stop_reason=completion.stop_reason)
+                        index=completion.index,
+                        delta=DeltaMessage(content=completion.text),
+                        logprobs=self._logprobs(request, completion),
+                        finish_reason=completion.finish_reason,
+                        stop_reason=completion.stop_reason,
+                    )
                     yield self._chunk(request_id, created, choice)
             if request.include_usage:
-                chunk = ChatCompletionStreamResponse(id=request_id, created=created, model=self.models.model_name,
-                                                     choices=[], usage=UsageInfo.of(num_prompt_tokens, num_generated))
+                chunk = ChatCompletionStreamResponse(
+                    id=request_id,
+                    created=created,
+                    model=self.models.model_name,
+                    choices=[],
+                    usage=UsageInfo.of(num_prompt_tokens, num_generated),
+                )
                 yield sse_event(chunk.model_dump_json())
         except Exception as e:  # noqa: BLE001 - reported to the client as an error event
             yield error_event(e)

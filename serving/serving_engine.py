@@ -30,8 +30,13 @@ class OpenAIServing:
         if request.model is not None and not self.models.is_served(request.model):
             raise OpenAIError(f"The model `{request.model}` does not exist.", 404, "model")
 
-    def tokenize(self, prompt: str | list[int], add_special_tokens: bool, truncate_prompt_tokens: int | None = None,
-                 param: str = "prompt") -> list[int]:
+    def tokenize(
+        self,
+        prompt: str | list[int],
+        add_special_tokens: bool,
+        truncate_prompt_tokens: int | None = None,
+        param: str = "prompt",
+    ) -> list[int]:
         """A prompt's token ids (its last `truncate_prompt_tokens` when set); an empty prompt
         is a 400 (an empty text may still tokenize to a BOS)."""
         if not prompt:
@@ -51,7 +56,10 @@ class OpenAIServing:
         if room < 1:
             raise OpenAIError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, your "
-                f"prompt has {num_prompt_tokens} tokens, which leaves no room for a completion.", 400, "prompt")
+                f"prompt has {num_prompt_tokens} tokens, which leaves no room for a completion.",
+                400,
+                "prompt",
+            )
         if max_tokens is None:
             return room
         if max_tokens < 1:
@@ -60,31 +68,48 @@ class OpenAIServing:
             raise OpenAIError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you "
                 f"requested {num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the prompt, "
-                f"{max_tokens} in the completion): {param} must be at most {room}.", 400, param)
+                f"{max_tokens} in the completion): {param} must be at most {room}.",
+                400,
+                param,
+            )
         return max_tokens
 
     def check_logprobs(self, num_logprobs: int | None, param: str) -> None:
         if num_logprobs is not None and num_logprobs > self.max_logprobs:
-            raise OpenAIError(f"{param} must be at most max_logprobs={self.max_logprobs} (the server's "
-                              f"limit), got {num_logprobs}.", 400, param)
+            raise OpenAIError(
+                f"{param} must be at most max_logprobs={self.max_logprobs} (the server's limit), got {num_logprobs}.",
+                400,
+                param,
+            )
 
-    def to_sampling_params(self, request: SamplingRequest, max_tokens: int, logprobs: int | None,
-                           prompt_logprobs: int | None) -> SamplingParams:
+    def to_sampling_params(
+        self, request: SamplingRequest, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None
+    ) -> SamplingParams:
         """The request's sampling fields as `SamplingParams` (unset ones keep vLLM's defaults);
         streams take DELTA outputs, the rest only the final one."""
-        optional = {name: getattr(request, name) for name in ("temperature", "top_p", "top_k", "min_p",
-                                                                "repetition_penalty")}
+        optional = {
+            name: getattr(request, name) for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+        }
         try:
             return SamplingParams(
-                n=request.n, max_tokens=max_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-                presence_penalty=request.presence_penalty, frequency_penalty=request.frequency_penalty,
-                seed=request.seed, stop=request.stop, stop_token_ids=request.stop_token_ids,
-                ignore_eos=request.ignore_eos, min_tokens=request.min_tokens,
+                n=request.n,
+                max_tokens=max_tokens,
+                logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
+                presence_penalty=request.presence_penalty,
+                frequency_penalty=request.frequency_penalty,
+                seed=request.seed,
+                stop=request.stop,
+                stop_token_ids=request.stop_token_ids,
+                ignore_eos=request.ignore_eos,
+                min_tokens=request.min_tokens,
                 include_stop_str_in_output=request.include_stop_str_in_output,
                 skip_special_tokens=request.skip_special_tokens,
                 spaces_between_special_tokens=request.spaces_between_special_tokens,
-                logit_bias=self._logit_bias(request.logit_bias), allowed_token_ids=request.allowed_token_ids,
-                bad_words=request.bad_words, truncate_prompt_tokens=request.truncate_prompt_tokens,
+                logit_bias=self._logit_bias(request.logit_bias),
+                allowed_token_ids=request.allowed_token_ids,
+                bad_words=request.bad_words,
+                truncate_prompt_tokens=request.truncate_prompt_tokens,
                 output_kind=RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY,
                 **{name: value for name, value in optional.items() if value is not None},
             )
@@ -100,13 +125,15 @@ class OpenAIServing:
             if not token.strip().lstrip("-").isdigit():
                 raise OpenAIError(f"logit_bias keys must be token ids, got {token!r}.", 400, "logit_bias")
             if not -_LOGIT_BIAS_LIMIT <= value <= _LOGIT_BIAS_LIMIT:
-                raise OpenAIError(f"logit_bias values must be in [-100, 100], got {value} for token {token}.",
-                                  400, "logit_bias")
+                raise OpenAIError(
+                    f"logit_bias values must be in [-100, 100], got {value} for token {token}.", 400, "logit_bias"
+                )
             bias[int(token)] = value
         return bias
 
-    async def add_requests(self, request: SamplingRequest, prompts: list[list[int]], params: list[SamplingParams],
-                           request_id: str) -> list[RequestOutputStream]:
+    async def add_requests(
+        self, request: SamplingRequest, prompts: list[list[int]], params: list[SamplingParams], request_id: str
+    ) -> list[RequestOutputStream]:
         """Adds one engine request per prompt (ids `{request_id}-{i}`, or `request_id` for one);
         the engine's checks (token ids out of the vocabulary, too many bad words, ...) become
         400s before anything runs."""

@@ -31,7 +31,9 @@ class OpenAIServingModels:
         return name in self.served_model_names
 
     def list_models(self) -> ModelList:
-        return ModelList(data=[
-            ModelCard(id=name, created=self.created, root=self.model_path, max_model_len=self.max_model_len)
-            for name in self.served_model_names
-        ])
+        return ModelList(
+            data=[
+                ModelCard(id=name, created=self.created, root=self.model_path, max_model_len=self.max_model_len)
+                for name in self.served_model_names
+            ]
+        )

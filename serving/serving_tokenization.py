@@ -18,8 +18,9 @@ class OpenAIServingTokenization(OpenAIServing):
         or of a chat through the chat template."""
         self.check_model(request)
         if request.messages is not None:
-            text = apply_chat_template(self.tokenizer, request.messages, self.chat_template,
-                                       request.add_generation_prompt)
+            text = apply_chat_template(
+                self.tokenizer, request.messages, self.chat_template, request.add_generation_prompt
+            )
             token_ids = self.tokenizer.encode(text, add_special_tokens=False)
         else:
             token_ids = self.tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
@@ -33,6 +34,7 @@ class OpenAIServingTokenization(OpenAIServing):
         vocab_size = len(self.tokenizer)
         bad_ids = [t for t in request.tokens if not 0 <= t < vocab_size]
         if bad_ids:
-            raise OpenAIError(f"tokens contains token id {bad_ids[0]}, out of the vocabulary range "
-                              f"[0, {vocab_size}).", 400, "tokens")
+            raise OpenAIError(
+                f"tokens contains token id {bad_ids[0]}, out of the vocabulary range [0, {vocab_size}).", 400, "tokens"
+            )
         return {"prompt": self.tokenizer.decode(request.tokens)}

@@ -74,9 +74,7 @@ def test_driver_matches_the_reference(fake_llm, kwargs):
             assert sequence.text == tokenizer.decode(output_ids)
             assert all(len(d) == 2 * params.beam_width for d in sequence.logprobs)
             chosen = sequence.tokens[len(ids) :] + ([EOS] if len(sequence.logprobs) > len(output_ids) else [])
-            assert sequence.cum_logprob == pytest.approx(
-                sum(d[t].logprob for d, t in zip(sequence.logprobs, chosen))
-            )
+            assert sequence.cum_logprob == pytest.approx(sum(d[t].logprob for d, t in zip(sequence.logprobs, chosen)))
 
 
 def test_some_beams_end_with_eos_and_scores_are_sorted(fake_llm):

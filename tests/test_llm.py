@@ -202,8 +202,9 @@ def test_plain_steps_leave_out_conditionals_and_draw_like_general_ones(large_llm
     from vjx.worker.step_layout import GENERAL, PLAIN
 
     runner = large_llm.llm_engine.engine_core.engine_core.model_executor.worker.model_runner
-    assert all("conditional" not in step.as_text() for (_, features), step in runner._compiled.items()
-               if features == PLAIN)
+    assert all(
+        "conditional" not in step.as_text() for (_, features), step in runner._compiled.items() if features == PLAIN
+    )
     chosen = []
     features_of = runner._features
     monkeypatch.setattr(runner, "_features", lambda *args: chosen.append(features_of(*args)) or chosen[-1])

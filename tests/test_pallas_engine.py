@@ -11,9 +11,7 @@ from vjx import LLM, SamplingParams
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "List three colors:", "Water boils at"]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
-ENGINE_ARGS = dict(
-    max_model_len=256, max_num_seqs=16, max_num_batched_tokens=16, num_gpu_blocks_override=400
-)
+ENGINE_ARGS = dict(max_model_len=256, max_num_seqs=16, max_num_batched_tokens=16, num_gpu_blocks_override=400)
 
 
 def _greedy_tokens(attention_backend: str) -> list[list[int]]:

@@ -67,9 +67,7 @@ def test_second_request_with_a_shared_prefix_hits_the_cache(cached_llm, prefix_i
     assert all(o.num_cached_tokens % 16 == 0 for o in outputs)
 
 
-def test_outputs_are_identical_with_prefix_caching_on_and_off(
-    cached_llm, uncached_llm, prefix_ids
-):
+def test_outputs_are_identical_with_prefix_caching_on_and_off(cached_llm, uncached_llm, prefix_ids):
     cached = cached_llm.generate(_prompts(cached_llm, prefix_ids), GREEDY, use_tqdm=False)
     uncached = uncached_llm.generate(_prompts(uncached_llm, prefix_ids), GREEDY, use_tqdm=False)
     assert all(output.num_cached_tokens >= 192 for output in cached[1:])

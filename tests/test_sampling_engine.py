@@ -99,23 +99,27 @@ def test_logit_bias_allowed_tokens_and_bad_words(llm):
     first = plain.token_ids[0]  # " Paris"
     forced = tokenizer.encode(" London", add_special_tokens=False)[0]
     biased = llm.generate(
-        PROMPT, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logit_bias={forced: 100.0}),
+        PROMPT,
+        SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logit_bias={forced: 100.0}),
         use_tqdm=False,
     )[0].outputs[0]
     assert biased.token_ids[0] == forced
     allowed = [first, forced]
     only = llm.generate(
-        PROMPT, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, allowed_token_ids=allowed),
+        PROMPT,
+        SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, allowed_token_ids=allowed),
         use_tqdm=False,
     )[0].outputs[0]
     assert set(only.token_ids) <= set(allowed)
     banned = llm.generate(
-        PROMPT, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, bad_words=["Paris"]),
+        PROMPT,
+        SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, bad_words=["Paris"]),
         use_tqdm=False,
     )[0].outputs[0]
     assert first not in banned.token_ids
     banned_end = llm.generate(
-        PROMPT, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, bad_words=["Paris."]),
+        PROMPT,
+        SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, bad_words=["Paris."]),
         use_tqdm=False,
     )[0].outputs[0]
     assert plain.token_ids[:2] == tokenizer.encode(" Paris.", add_special_tokens=False)

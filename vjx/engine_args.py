@@ -38,16 +38,22 @@ def _field(default, help: str):
 class EngineArgs:
     model: str | None = _field(None, "HF model directory; None uses the embedded SmolLM2-135M-Instruct.")
     tokenizer: str | None = _field(None, "Tokenizer directory; the model directory when None.")
-    dtype: str = _field("auto", "auto, float32, bfloat16 or float16. auto: the checkpoint's dtype "
-                        "on CPU, bfloat16 for float32 checkpoints on accelerators.")
+    dtype: str = _field(
+        "auto",
+        "auto, float32, bfloat16 or float16. auto: the checkpoint's dtype "
+        "on CPU, bfloat16 for float32 checkpoints on accelerators.",
+    )
     seed: int = _field(0, "Seed for dummy weights and for requests without a seed of their own.")
     max_model_len: int | None = _field(None, "Most tokens per request; the model's context length when None.")
     block_size: int = _field(16, f"Tokens per KV cache block, one of {_BLOCK_SIZES}.")
     gpu_memory_utilization: float = _field(0.9, "Fraction of device memory for weights and KV cache, in (0, 1].")
     num_gpu_blocks_override: int | None = _field(None, "Number of KV blocks, instead of sizing from free memory.")
-    kv_cache_memory_bytes: int | None = _field(None, "KV cache bytes per device, instead of sizing from free memory "
-                                               "(on CPU: what max_num_seqs requests of max_model_len need, at most "
-                                               "4 GiB).")
+    kv_cache_memory_bytes: int | None = _field(
+        None,
+        "KV cache bytes per device, instead of sizing from free memory "
+        "(on CPU: what max_num_seqs requests of max_model_len need, at most "
+        "4 GiB).",
+    )
     max_num_seqs: int = _field(256, "Most requests in one step.")
     max_num_batched_tokens: int | None = _field(None, "Token budget of one step; 8192 on accelerators, 512 on CPU.")
     enable_prefix_caching: bool = _field(True, "Reuse KV blocks of shared prompt prefixes.")
@@ -55,20 +61,35 @@ class EngineArgs:
     enable_chunked_prefill: bool = _field(True, "Split long prompts over several steps.")
     long_prefill_token_threshold: int = _field(0, "Most prompt tokens a request computes per step; 0 = no cap.")
     scheduling_policy: str = _field("fcfs", f"One of {_POLICIES}: arrival order, or lower priority value first.")
-    async_scheduling: bool | None = _field(None, "Plan the next step while the device runs this one; "
-                                           "on by default on accelerators (when both are installed), off on CPU.")
+    async_scheduling: bool | None = _field(
+        None,
+        "Plan the next step while the device runs this one; "
+        "on by default on accelerators (when both are installed), off on CPU.",
+    )
     disable_log_stats: bool = _field(False, "Do not log scheduler statistics every few seconds.")
-    profile_host: bool = _field(False, "Time the host's part of every engine step (schedule, dispatch, "
-                                       "collect, update) and log the means every 100 steps.")
-    tensor_parallel_size: int = _field(1, "Devices each engine replica splits the model over (attention heads, "
-                                       "MLP width and vocabulary); must divide the head count.")
-    data_parallel_size: int = _field(1, "Engine replicas, each on its own tensor_parallel_size devices with its "
-                                     "own scheduler and KV cache; requests go to the least loaded one.")
+    profile_host: bool = _field(
+        False,
+        "Time the host's part of every engine step (schedule, dispatch, "
+        "collect, update) and log the means every 100 steps.",
+    )
+    tensor_parallel_size: int = _field(
+        1,
+        "Devices each engine replica splits the model over (attention heads, "
+        "MLP width and vocabulary); must divide the head count.",
+    )
+    data_parallel_size: int = _field(
+        1,
+        "Engine replicas, each on its own tensor_parallel_size devices with its "
+        "own scheduler and KV cache; requests go to the least loaded one.",
+    )
     load_format: str = _field("auto", f"How to read weights: one of {_LOAD_FORMATS}.")
     max_logprobs: int = _field(20, "Most logprobs (and prompt logprobs) a request may ask for.")
     attention_backend: str | None = _field(None, "Attention backend name; the platform's default when None.")
-    multiprocess: bool | None = _field(None, "Run EngineCore in its own process (needs pyzmq and msgspec); "
-                                       "on by default on accelerators (when both are installed), off on CPU.")
+    multiprocess: bool | None = _field(
+        None,
+        "Run EngineCore in its own process (needs pyzmq and msgspec); "
+        "on by default on accelerators (when both are installed), off on CPU.",
+    )
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
@@ -76,8 +97,9 @@ class EngineArgs:
             flag = "--" + f.name.replace("_", "-")
             kind = ([a for a in typing.get_args(f.type) if a is not type(None)] or [f.type])[0]
             if kind is bool:
-                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default,
-                                    help=f.metadata["help"])
+                parser.add_argument(
+                    flag, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"]
+                )
             else:
                 parser.add_argument(flag, type=kind, default=f.default, help=f.metadata["help"])
 
@@ -124,8 +146,9 @@ class EngineArgs:
 
     def create_parallel_config(self) -> ParallelConfig:
         """The layout over devices (replica 0's; each replica's engine takes its own rank)."""
-        return ParallelConfig(tensor_parallel_size=self.tensor_parallel_size,
-                              data_parallel_size=self.data_parallel_size)
+        return ParallelConfig(
+            tensor_parallel_size=self.tensor_parallel_size, data_parallel_size=self.data_parallel_size
+        )
 
     def _verify_args(self) -> None:
         if self.block_size not in _BLOCK_SIZES:
@@ -153,8 +176,9 @@ class EngineArgs:
         if self.long_prefill_token_threshold and not self.enable_chunked_prefill:
             raise ValueError("long_prefill_token_threshold needs enable_chunked_prefill=True (it caps prompt chunks).")
         if self.prefix_caching_hash_algo not in _HASH_ALGOS:
-            raise ValueError(f"prefix_caching_hash_algo must be one of {_HASH_ALGOS}, "
-                             f"got {self.prefix_caching_hash_algo!r}.")
+            raise ValueError(
+                f"prefix_caching_hash_algo must be one of {_HASH_ALGOS}, got {self.prefix_caching_hash_algo!r}."
+            )
         if self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {self.dtype!r}.")
 
@@ -183,8 +207,10 @@ class EngineArgs:
                 raise ValueError("max_model_len must be given: the model config has no max_position_embeddings.")
             return limit
         if self.max_model_len < 1 or (limit is not None and self.max_model_len > limit):
-            raise ValueError(f"max_model_len must be in [1, {limit}] (the model's max_position_embeddings), "
-                             f"got {self.max_model_len}.")
+            raise ValueError(
+                f"max_model_len must be in [1, {limit}] (the model's max_position_embeddings), "
+                f"got {self.max_model_len}."
+            )
         return self.max_model_len
 
     def _scheduler_config(self, max_model_len: int) -> SchedulerConfig:
@@ -194,11 +220,15 @@ class EngineArgs:
             if not self.enable_chunked_prefill:
                 budget = max(max_model_len, _MIN_UNCHUNKED_BATCHED_TOKENS)
         if budget < self.max_num_seqs:
-            raise ValueError(f"max_num_batched_tokens ({budget}) must be greater than or equal to "
-                             f"max_num_seqs ({self.max_num_seqs}).")
+            raise ValueError(
+                f"max_num_batched_tokens ({budget}) must be greater than or equal to "
+                f"max_num_seqs ({self.max_num_seqs})."
+            )
         if not self.enable_chunked_prefill and budget < max_model_len:
-            raise ValueError(f"max_num_batched_tokens ({budget}) must be at least max_model_len "
-                             f"({max_model_len}) when enable_chunked_prefill is False.")
+            raise ValueError(
+                f"max_num_batched_tokens ({budget}) must be at least max_model_len "
+                f"({max_model_len}) when enable_chunked_prefill is False."
+            )
         return SchedulerConfig(
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=budget,

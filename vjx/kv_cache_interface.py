@@ -133,8 +133,10 @@ class KVCacheConfig:
 
     def max_num_blocks_per_request(self, max_model_len: int, max_num_batched_tokens: int) -> int:
         """Blocks one request may hold at once, over every group."""
-        return sum(group.kv_cache_spec.max_num_blocks_per_request(max_model_len, max_num_batched_tokens)
-                   for group in self.kv_cache_groups)
+        return sum(
+            group.kv_cache_spec.max_num_blocks_per_request(max_model_len, max_num_batched_tokens)
+            for group in self.kv_cache_groups
+        )
 
 
 def get_kv_cache_groups(kv_cache_specs: dict[str, KVCacheSpec]) -> tuple[KVCacheGroupSpec, ...]:

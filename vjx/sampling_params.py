@@ -57,9 +57,7 @@ class SamplingParams:
     bad_words: list[str] | None = None
     truncate_prompt_tokens: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
-    bad_words_token_ids: list[list[int]] | None = dataclasses.field(
-        default=None, init=False, repr=False, compare=False
-    )
+    bad_words_token_ids: list[list[int]] | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
     """Set by the engine's input processor: the token ids of each bad word."""
 
     def __post_init__(self) -> None:
@@ -105,8 +103,7 @@ class SamplingParams:
             raise ValueError(f"min_tokens must be greater than or equal to 0, got {self.min_tokens}.")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(
-                f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
-                f"got {self.min_tokens}."
+                f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, got {self.min_tokens}."
             )
         if any(not s for s in self.stop):
             raise ValueError("stop cannot contain an empty string.")

@@ -78,8 +78,14 @@ class HFRunner:
             kwargs["cache_implementation"] = self.cache_implementation
         with self.torch.inference_mode():
             out = self.model.generate(
-                input_ids, attention_mask=self.torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
-                min_new_tokens=max_new_tokens, do_sample=do_sample, pad_token_id=0, **kwargs)
+                input_ids,
+                attention_mask=self.torch.ones_like(input_ids),
+                max_new_tokens=max_new_tokens,
+                min_new_tokens=max_new_tokens,
+                do_sample=do_sample,
+                pad_token_id=0,
+                **kwargs,
+            )
         if self.device.type == "cuda":
             self.torch.cuda.synchronize(self.device)
         return (out.shape[1] - input_ids.shape[1]) * out.shape[0]
@@ -88,8 +94,14 @@ class HFRunner:
 def _result(runner: HFRunner, benchmark: str, args: argparse.Namespace) -> tuple[dict, roofline.ModelShape]:
     platform_name, device = runner.device_name
     result = harness.run_metadata(benchmark, ENGINE_NAME, platform_name, device, args.model)
-    result.update({"load_s": runner.load_s, "warmup_s": None, "dtype": args.dtype,
-                   "cache_implementation": runner.cache_implementation})
+    result.update(
+        {
+            "load_s": runner.load_s,
+            "warmup_s": None,
+            "dtype": args.dtype,
+            "cache_implementation": runner.cache_implementation,
+        }
+    )
     return result, roofline.ModelShape.from_hf_config(runner.config.to_dict(), args.dtype)
 
 
@@ -102,8 +114,9 @@ def run_latency(args: argparse.Namespace) -> dict:
     print(f"latency: {ENGINE_NAME}, {result['device']}, {args.model}, random init {runner.load_s:.2f} s", flush=True)
     harness.print_header(latency.HEADER)
     for batch_size in args.batch_size:
-        make_prompts = functools.partial(harness.random_token_ids, rng, runner.vocab_size,
-                                         [args.input_len] * batch_size)
+        make_prompts = functools.partial(
+            harness.random_token_ids, rng, runner.vocab_size, [args.input_len] * batch_size
+        )
         run = {"batch_size": batch_size, "input_len": args.input_len, "output_len": args.output_len}
         run.update(latency.measure_batch(lambda p, n: runner.generate(p, n, do_sample=True), make_prompts, args))
         run.update(roofline.latency_roofline(shape, peak, (batch_size, args.input_len, args.output_len), run))
@@ -122,21 +135,33 @@ def run_throughput(args: argparse.Namespace) -> dict:
     num_output = 0
     start = time.perf_counter()
     for first in range(0, args.num_prompts, args.batch_size):
-        num_output += runner.generate(prompts[first:first + args.batch_size], args.output_len, do_sample=False)
+        num_output += runner.generate(prompts[first : first + args.batch_size], args.output_len, do_sample=False)
     elapsed = time.perf_counter() - start
     num_input = args.num_prompts * args.input_len
-    result.update({
-        "dataset": "random", "num_prompts": args.num_prompts, "batch_size": args.batch_size,
-        "input_len": args.input_len, "output_len": args.output_len,
-        "mean_input_len": args.input_len, "mean_output_len": num_output / args.num_prompts,
-        "generate_s": elapsed, "input_tokens": num_input, "output_tokens": num_output,
-        "requests_per_s": args.num_prompts / elapsed, "output_tok_per_s": num_output / elapsed,
-        "total_tok_per_s": (num_input + num_output) / elapsed,
-    })
+    result.update(
+        {
+            "dataset": "random",
+            "num_prompts": args.num_prompts,
+            "batch_size": args.batch_size,
+            "input_len": args.input_len,
+            "output_len": args.output_len,
+            "mean_input_len": args.input_len,
+            "mean_output_len": num_output / args.num_prompts,
+            "generate_s": elapsed,
+            "input_tokens": num_input,
+            "output_tokens": num_output,
+            "requests_per_s": args.num_prompts / elapsed,
+            "output_tok_per_s": num_output / elapsed,
+            "total_tok_per_s": (num_input + num_output) / elapsed,
+        }
+    )
     lengths = [(args.input_len, args.output_len)] * args.num_prompts
     result.update(roofline.throughput_roofline(shape, roofline.DEVICE_PEAKS.get(result["device"]), lengths, elapsed))
-    print(f"throughput: {ENGINE_NAME}, random init {runner.load_s:.2f} s, generate {elapsed:.2f} s "
-          f"in batches of {args.batch_size}", flush=True)
+    print(
+        f"throughput: {ENGINE_NAME}, random init {runner.load_s:.2f} s, generate {elapsed:.2f} s "
+        f"in batches of {args.batch_size}",
+        flush=True,
+    )
     harness.print_table(throughput.HEADER, [throughput.table_row(result)])
     harness.write_json(args.output_json, result)
     return result
@@ -146,8 +171,12 @@ def _common_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="benchmarks/configs/llama-3.1-8b", help="Directory with a config.json.")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     parser.add_argument("--device", default=None, help="A torch device; cuda when available, else cpu.")
-    parser.add_argument("--cache-implementation", default="auto", choices=("auto", "dynamic", "static"),
-                        help="auto: static on CUDA, dynamic on CPU.")
+    parser.add_argument(
+        "--cache-implementation",
+        default="auto",
+        choices=("auto", "dynamic", "static"),
+        help="auto: static on CUDA, dynamic on CPU.",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-json", default=None)
 

@@ -39,8 +39,13 @@ def projection_shapes(shape: ModelShape) -> dict[str, tuple[list[tuple[int, int]
 
 def time_per_layer_us(num_tokens: int, shapes: list[tuple[int, int]], layers: int, key) -> float:
     """One jitted call of `layers` layers' products of these shapes; us per layer."""
-    weights = [[jax.random.normal(jax.random.fold_in(key, 1000 * i + layer), shape, jnp.bfloat16) * 0.02
-                for layer in range(layers)] for i, shape in enumerate(shapes)]
+    weights = [
+        [
+            jax.random.normal(jax.random.fold_in(key, 1000 * i + layer), shape, jnp.bfloat16) * 0.02
+            for layer in range(layers)
+        ]
+        for i, shape in enumerate(shapes)
+    ]
     x = jax.random.normal(jax.random.fold_in(key, 7), (num_tokens, shapes[0][0]), jnp.bfloat16)
     step = jax.jit(lambda x, weights: [x @ w for per_shape in weights for w in per_shape])
     jax.block_until_ready(step(x, weights))
@@ -69,14 +74,28 @@ def main(argv: list[str] | None = None) -> int:
     for num_tokens in args.num_tokens:
         for name, (separate, fused) in projection_shapes(shape).items():
             weight_bytes = 2 * sum(i * o for i, o in fused)
-            times = {kind: time_per_layer_us(num_tokens, shapes, args.layers, key)
-                     for kind, shapes in (("separate", separate), ("fused", fused))}
-            run = {"num_tokens": num_tokens, "projection": name, "weight_bytes": weight_bytes,
-                   **{f"{kind}_us": us for kind, us in times.items()}}
+            times = {
+                kind: time_per_layer_us(num_tokens, shapes, args.layers, key)
+                for kind, shapes in (("separate", separate), ("fused", fused))
+            }
+            run = {
+                "num_tokens": num_tokens,
+                "projection": name,
+                "weight_bytes": weight_bytes,
+                **{f"{kind}_us": us for kind, us in times.items()},
+            }
             result["runs"].append(run)
             tbps = [weight_bytes / (times[kind] * 1e-6) / 1e12 for kind in ("separate", "fused")]
-            harness.print_row([str(num_tokens), name, f"{times['separate']:.1f}", f"{times['fused']:.1f}",
-                               f"{tbps[0]:.2f}", f"{tbps[1]:.2f}"])
+            harness.print_row(
+                [
+                    str(num_tokens),
+                    name,
+                    f"{times['separate']:.1f}",
+                    f"{times['fused']:.1f}",
+                    f"{tbps[0]:.2f}",
+                    f"{tbps[1]:.2f}",
+                ]
+            )
             harness.write_json(args.output_json, result)
     return 0
 

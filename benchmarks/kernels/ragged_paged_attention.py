@@ -41,9 +41,7 @@ SHIPPED_KNOBS = {"many_rows": {"num_stages": 1, "k_splits": 4}, "few_rows": {"nu
 
 def _forward(backend, batch, kv_cache):
     """A call of backend.forward (KV write + attention) on a donated cache chained across calls."""
-    step = jax.jit(
-        functools.partial(backend.forward, sm_scale=batch.case.head_dim**-0.5), donate_argnums=(3,)
-    )
+    step = jax.jit(functools.partial(backend.forward, sm_scale=batch.case.head_dim**-0.5), donate_argnums=(3,))
     state = {"kv_cache": kv_cache}
 
     def call():

@@ -25,9 +25,7 @@ def ours(batch, tuning: AttentionTuning | None = None):
     md = batch.md
     scoring = Scoring(batch.case.head_dim**-0.5)
     interpret = jax.default_backend() != "gpu"  # CPU smoke runs of tiny cases
-    fn = jax.jit(
-        functools.partial(ragged_paged_attention, scoring=scoring, tuning=tuning, interpret=interpret)
-    )
+    fn = jax.jit(functools.partial(ragged_paged_attention, scoring=scoring, tuning=tuning, interpret=interpret))
     args = (batch.q, batch.kv_cache, md.query_start_loc, md.seq_lens, md.block_tables, md.num_seqs)
     return lambda: fn(*args)
 
@@ -47,9 +45,18 @@ def _split_targets(best: AttentionTuning):
 
 def _prefill_tiles(best: AttentionTuning):
     grid = (
-        (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 32, 8, 2),
-        (64, 64, 4, 2), (128, 64, 4, 2), (64, 128, 4, 2), (128, 64, 8, 1), (64, 32, 4, 2),
-        (128, 32, 4, 3), (256, 32, 8, 2),
+        (128, 64, 8, 2),
+        (128, 64, 8, 3),
+        (128, 128, 8, 2),
+        (64, 64, 4, 3),
+        (128, 32, 8, 2),
+        (64, 64, 4, 2),
+        (128, 64, 4, 2),
+        (64, 128, 4, 2),
+        (128, 64, 8, 1),
+        (64, 32, 4, 2),
+        (128, 32, 4, 3),
+        (256, 32, 8, 2),
     )
     for block_m, block_k, num_warps, num_stages in grid:
         yield dataclasses.replace(best, prefill=KernelTuning(block_m, block_k, num_warps, num_stages))

@@ -15,9 +15,7 @@ from vjx.attention.reference import ReferenceBackend
 from vjx.kernels.kv_cache_write import write_kv_cache
 from vjx.kernels.tuning import AttentionTuning, KernelTuning
 
-SHAPE = BatchShape(
-    num_tokens=64, num_rows=4, num_heads=8, num_kv_heads=2, head_dim=64, page_size=16, max_model_len=128
-)
+SHAPE = BatchShape(num_tokens=64, num_rows=4, num_heads=8, num_kv_heads=2, head_dim=64, page_size=16, max_model_len=128)
 REQUESTS = [(20, 1), (50, 30), (0, 12), (100, 1)]
 BACKEND = PallasGpuBackend(
     tuning=AttentionTuning(
@@ -72,7 +70,8 @@ def test_kv_write_updates_the_donated_cache_in_place(num_kv_heads, dtype):
     compiled = jax.jit(write_kv_cache, donate_argnums=0).lower(cache, rows, rows, slots).compile()
     hlo = compiled.as_text()
     copied = [
-        shape for shape in re.findall(r"= \w+\[([\d,]+)\]\{[^}]*\} copy\(", hlo)
+        shape
+        for shape in re.findall(r"= \w+\[([\d,]+)\]\{[^}]*\} copy\(", hlo)
         if math.prod(int(d) for d in shape.split(",")) == math.prod(cache.shape)
     ]
     assert "input_output_alias" in hlo and not copied

@@ -6,13 +6,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.helpers.tpu_layout import from_gpu_layout, to_gpu_layout
 from tests.helpers.attention_batches import BatchShape, dense_attention, make_batch, relative_error
+from tests.helpers.tpu_layout import from_gpu_layout, to_gpu_layout
 from vjx.attention.pallas_tpu import PallasTpuBackend
 
-SHAPE = BatchShape(
-    num_tokens=64, num_rows=4, num_heads=8, num_kv_heads=2, head_dim=32, page_size=8, max_model_len=128
-)
+SHAPE = BatchShape(num_tokens=64, num_rows=4, num_heads=8, num_kv_heads=2, head_dim=32, page_size=8, max_model_len=128)
 REQUESTS = [(20, 1), (50, 30), (0, 12)]
 
 

@@ -43,9 +43,7 @@ class Batch:
     block_size: int
 
 
-@functools.partial(
-    jax.jit, static_argnames=("sliding_window", "soft_cap"), donate_argnames="kv_cache"
-)
+@functools.partial(jax.jit, static_argnames=("sliding_window", "soft_cap"), donate_argnames="kv_cache")
 def _forward(q, k, v, kv_cache, md, sliding_window, soft_cap):
     return ReferenceBackend().forward(
         q, k, v, kv_cache, md, sm_scale=SM_SCALE, sliding_window=sliding_window, soft_cap=soft_cap
@@ -196,8 +194,13 @@ def test_jit_donates_the_cache():
     batch = make_batch(SCENARIOS["decode_only"], 16, NUM_KV_HEADS)
     kv_cache = jnp.asarray(batch.kv_cache)
     _forward(
-        jnp.asarray(batch.q), jnp.asarray(batch.k), jnp.asarray(batch.v), kv_cache, batch.md,
-        sliding_window=None, soft_cap=None,
+        jnp.asarray(batch.q),
+        jnp.asarray(batch.k),
+        jnp.asarray(batch.v),
+        kv_cache,
+        batch.md,
+        sliding_window=None,
+        soft_cap=None,
     )
     assert kv_cache.is_deleted()
 
@@ -212,7 +215,10 @@ def test_small_chunks_match_one_big_chunk():
     backend = ReferenceBackend(keys_per_chunk=8)
     small = jax.jit(functools.partial(backend.forward, sm_scale=SM_SCALE))
     out, _ = small(
-        jnp.asarray(batch.q), jnp.asarray(batch.k), jnp.asarray(batch.v),
-        jnp.asarray(batch.kv_cache), batch.md,
+        jnp.asarray(batch.q),
+        jnp.asarray(batch.k),
+        jnp.asarray(batch.v),
+        jnp.asarray(batch.kv_cache),
+        batch.md,
     )
     np.testing.assert_allclose(np.asarray(out), dense_attention(batch), atol=2e-5, rtol=1e-5)

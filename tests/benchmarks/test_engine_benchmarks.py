@@ -15,8 +15,24 @@ METADATA = {"benchmark", "engine", "date", "platform", "device", "command", "arg
 
 def test_latency_writes_one_row_per_batch_size(tiny_model_dir, tmp_path, capsys):
     path = tmp_path / "latency.json"
-    argv = ["--model", tiny_model_dir, *ENGINE_FLAGS, "--batch-size", "4", "1", "--input-len", "8",
-            "--output-len", "6", "--num-iters-warmup", "1", "--num-iters", "3", "--output-json", str(path)]
+    argv = [
+        "--model",
+        tiny_model_dir,
+        *ENGINE_FLAGS,
+        "--batch-size",
+        "4",
+        "1",
+        "--input-len",
+        "8",
+        "--output-len",
+        "6",
+        "--num-iters-warmup",
+        "1",
+        "--num-iters",
+        "3",
+        "--output-json",
+        str(path),
+    ]
     assert latency.main(argv) == 0
     result = json.loads(path.read_text())
     assert METADATA <= result.keys()
@@ -39,8 +55,21 @@ def test_latency_writes_one_row_per_batch_size(tiny_model_dir, tmp_path, capsys)
 @pytest.mark.parametrize("dataset", ["random", "sharegpt-synthetic"])
 def test_throughput_counts_every_token(tiny_model_dir, tmp_path, dataset):
     path = tmp_path / "throughput.json"
-    argv = ["--model", tiny_model_dir, *ENGINE_FLAGS, "--num-prompts", "6", "--input-len", "10",
-            "--output-len", "5", "--dataset", dataset, "--output-json", str(path)]
+    argv = [
+        "--model",
+        tiny_model_dir,
+        *ENGINE_FLAGS,
+        "--num-prompts",
+        "6",
+        "--input-len",
+        "10",
+        "--output-len",
+        "5",
+        "--dataset",
+        dataset,
+        "--output-json",
+        str(path),
+    ]
     assert throughput.main(argv) == 0
     result = json.loads(path.read_text())
     assert METADATA <= result.keys()
@@ -77,7 +106,9 @@ def test_bad_lengths_are_value_errors():
     with pytest.raises(ValueError, match="max_model_len must be >= 8"):
         throughput.sharegpt_synthetic_lengths(4, seed=0, max_model_len=6)
     with pytest.raises(ValueError, match="input_len \\+ output_len must be <= max_model_len"):
-        throughput.request_lengths(throughput.argparse.Namespace(
-            dataset="random", num_prompts=2, input_len=100, output_len=50, seed=0), max_model_len=128)
+        throughput.request_lengths(
+            throughput.argparse.Namespace(dataset="random", num_prompts=2, input_len=100, output_len=50, seed=0),
+            max_model_len=128,
+        )
     with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
         latency.parse_args(["--batch-size", "8", "0"])

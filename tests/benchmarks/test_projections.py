@@ -23,7 +23,8 @@ def test_cpu_run_writes_every_projection(tiny_model_dir, tmp_path):
     result = json.loads(path.read_text())
     assert result["benchmark"] == "projections" and result["layers"] == 2
     assert [(r["num_tokens"], r["projection"]) for r in result["runs"]] == [
-        (n, p) for n in (1, 4) for p in ("qkv", "gate_up", "o", "down")]
+        (n, p) for n in (1, 4) for p in ("qkv", "gate_up", "o", "down")
+    ]
     hidden, mlp = TINY_CONFIG["hidden_size"], TINY_CONFIG["intermediate_size"]
     assert result["runs"][1]["weight_bytes"] == 2 * hidden * 2 * mlp
     assert all(r["separate_us"] > 0 and r["fused_us"] > 0 for r in result["runs"])

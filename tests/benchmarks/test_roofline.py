@@ -41,7 +41,8 @@ def test_step_flops(shape):
     # A chunk of 16 tokens after 100 cached: query i sees 100 + i + 1 keys.
     pairs = sum(100 + i + 1 for i in range(16))
     assert roofline.step_flops(shape, [(16, 116)]) == (
-        2 * 16 * 32 * LAYER_LINEAR + 2 * 4096 * 128256 + 4 * 32 * 128 * 32 * pairs)
+        2 * 16 * 32 * LAYER_LINEAR + 2 * 4096 * 128256 + 4 * 32 * 128 * 32 * pairs
+    )
 
 
 def test_request_flops_is_prefill_plus_decode_steps(shape):
@@ -58,8 +59,9 @@ def test_latency_floor_and_fractions(shape):
     assert decode_bytes == 1_919_176_597_504
     floor = 3_584_032_768_000 / 989e12 + decode_bytes / 4.8e12
     assert roofline.batch_latency_floor_s(shape, 8, 32, 128, H200) == pytest.approx(floor, rel=1e-12)
-    fields = roofline.latency_roofline(shape, H200, (8, 32, 128),
-                                       {"latency_s": 0.5, "prefill_s": 0.01, "decode_step_s": 0.004})
+    fields = roofline.latency_roofline(
+        shape, H200, (8, 32, 128), {"latency_s": 0.5, "prefill_s": 0.01, "decode_step_s": 0.004}
+    )
     assert fields["latency_roofline_fraction"] == pytest.approx(floor / 0.5, rel=1e-12)
     assert fields["decode_hbm_fraction"] == pytest.approx(15_111_626_752 / 0.004 / 4.8e12, rel=1e-12)
     assert fields["prefill_tensor_core_fraction"] == pytest.approx(3_584_032_768_000 / 0.01 / 989e12, rel=1e-12)
@@ -73,8 +75,14 @@ def test_unknown_device_has_no_fractions(shape):
 
 
 def test_tied_and_float32_shapes():
-    config = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128,
-              "vocab_size": 256, "tie_word_embeddings": True}
+    config = {
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "vocab_size": 256,
+        "tie_word_embeddings": True,
+    }
     shape = roofline.ModelShape.from_hf_config(config, "float32")
     layer = 64 * 64 + 2 * 64 * 64 + 64 * 64 + 3 * 64 * 128
     assert (shape.num_kv_heads, shape.head_dim) == (4, 16)

@@ -69,9 +69,7 @@ def test_stop_on_eos_while_the_next_step_is_scheduled_drops_its_token():
     out2 = scheduler.schedule()
     assert out2.num_scheduled_tokens == {"a": 1, "b": 1}
     engine_outputs = update(scheduler, out1, {"a": [2], "b": [7]})
-    assert engine_outputs == EngineCoreOutputs(
-        [output("a", [2], FinishReason.STOP), output("b", [7])], {"a"}
-    )
+    assert engine_outputs == EngineCoreOutputs([output("a", [2], FinishReason.STOP), output("b", [7])], {"a"})
     # a's blocks are free before step 2 even ran; step 3 tells the runner to drop it.
     assert free_ids(scheduler) == list(range(3, 17)) + [1]
     out3 = scheduler.schedule()
@@ -107,9 +105,7 @@ def test_max_model_len_in_flight_schedules_no_wasted_step():
 
 
 def test_a_request_preempted_with_a_token_in_flight_gets_it_and_can_stop_while_waiting():
-    scheduler = make_scheduler(
-        async_scheduling=True, num_gpu_blocks=5, max_model_len=16, max_num_batched_tokens=16
-    )
+    scheduler = make_scheduler(async_scheduling=True, num_gpu_blocks=5, max_model_len=16, max_num_batched_tokens=16)
     a = make_request("a", [10, 11, 12, 13, 14, 15, 16, 17], max_tokens=3)
     b = make_request("b", [20, 21, 22, 23, 24, 25, 26, 27], eos_token_id=2)
     c = make_request("c", [30, 31, 32, 33, 34, 35, 36, 37], max_tokens=2)
@@ -124,9 +120,7 @@ def test_a_request_preempted_with_a_token_in_flight_gets_it_and_can_stop_while_w
     assert scheduler.num_output_placeholders == {"a": 2, "b": 1}
     # b's token lands while it waits, and it is EOS: b finishes from the waiting queue.
     engine_outputs = update(scheduler, out1, {"a": [40], "b": [2]})
-    assert engine_outputs == EngineCoreOutputs(
-        [output("a", [40]), output("b", [2], FinishReason.STOP)], {"b"}
-    )
+    assert engine_outputs == EngineCoreOutputs([output("a", [40]), output("b", [2], FinishReason.STOP)], {"b"})
     assert [r.request_id for r in scheduler.waiting] == ["c"]
     assert scheduler.num_output_placeholders == {"a": 1}
     out3 = scheduler.schedule()
@@ -136,9 +130,7 @@ def test_a_request_preempted_with_a_token_in_flight_gets_it_and_can_stop_while_w
 
 
 def test_a_preempted_request_resumes_once_its_token_in_flight_is_back():
-    scheduler = make_scheduler(
-        async_scheduling=True, num_gpu_blocks=5, max_model_len=16, max_num_batched_tokens=16
-    )
+    scheduler = make_scheduler(async_scheduling=True, num_gpu_blocks=5, max_model_len=16, max_num_batched_tokens=16)
     a = make_request("a", [10, 11, 12, 13, 14, 15, 16, 17], max_tokens=2)
     b = make_request("b", [20, 21, 22, 23, 24, 25, 26, 27], max_tokens=2)
     scheduler.add_request(a)
@@ -249,9 +241,7 @@ def expected_outputs(prompt: list[int], max_tokens: int) -> tuple:
 
 @pytest.mark.parametrize("policy", ["fcfs", "priority"])
 @pytest.mark.parametrize("long_prefill_token_threshold", [0, 5])
-def test_async_scheduling_gives_the_outputs_of_sync_scheduling(
-    policy, long_prefill_token_threshold
-):
+def test_async_scheduling_gives_the_outputs_of_sync_scheduling(policy, long_prefill_token_threshold):
     shared = [1, 2, 3, 4, 6, 7, 8, 9]
     prompts = [shared[: 3 + i % 6] + [10 + i] * (i % 5) for i in range(16)]
     max_tokens = [3 + i % 7 for i in range(16)]
@@ -271,9 +261,7 @@ def test_async_scheduling_gives_the_outputs_of_sync_scheduling(
             async_scheduling=async_scheduling,
         )
         for i, (prompt, num_tokens) in enumerate(zip(prompts, max_tokens)):
-            request = make_request(
-                f"r{i}", prompt, eos_token_id=EOS, max_tokens=num_tokens, priority=i % 3
-            )
+            request = make_request(f"r{i}", prompt, eos_token_id=EOS, max_tokens=num_tokens, priority=i % 3)
             scheduler.add_request(request)
         results.append(run(scheduler, num_steps_in_flight))
         schedulers.append(scheduler)

@@ -116,9 +116,7 @@ def test_free_queue_errors():
         queue.popleft()
     with pytest.raises(ValueError, match="block 0 is not in the free queue"):
         queue.remove(blocks[0])
-    assert repr(blocks[0]) == (
-        "KVCacheBlock(block_id=0, ref_cnt=0, block_hash=None, prev=None, next=None)"
-    )
+    assert repr(blocks[0]) == ("KVCacheBlock(block_id=0, ref_cnt=0, block_hash=None, prev=None, next=None)")
 
 
 def test_new_pool_reserves_block_zero():

@@ -10,10 +10,10 @@ from vjx.core.kv_cache_coordinator import (
     get_kv_cache_coordinator,
 )
 from vjx.core.kv_cache_manager import KVCacheManager
-from vjx.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, SlidingWindowSpec
 from vjx.core.kv_cache_utils import hash_request_tokens, sha256
 from vjx.core.request import Request
 from vjx.core.single_type_kv_cache_manager import FullAttentionManager, SlidingWindowManager
+from vjx.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, SlidingWindowSpec
 from vjx.sampling_params import SamplingParams
 
 HEADS = dict(num_kv_heads=2, head_size=8, dtype="float32")
@@ -72,9 +72,7 @@ def test_sliding_window_hit_needs_a_full_window_or_a_run_from_the_start():
     # No four contiguous cached blocks: only the run from the first block is usable.
     (computed,) = wide.find_longest_cache_hit(block_hashes, 28, [0])
     assert [block.block_id for block in computed] == [1, 2]
-    (computed,) = FullAttentionManager(FULL.kv_cache_spec, pool, 0).find_longest_cache_hit(
-        block_hashes, 28, [0]
-    )
+    (computed,) = FullAttentionManager(FULL.kv_cache_spec, pool, 0).find_longest_cache_hit(block_hashes, 28, [0])
     assert [block.block_id for block in computed] == [1, 2]
 
 
@@ -135,9 +133,7 @@ def test_hybrid_allocates_per_group_and_frees_out_of_window_blocks():
     # b's shared blocks stay with a; its own last blocks go back, group by group.
     assert free_ids(manager) == list(range(15, 31)) + [8, 7, 6, 13, 14]
     manager.free(a)
-    assert free_ids(manager) == (
-        list(range(15, 31)) + [8, 7, 6, 13, 14] + [11, 5, 4, 3, 2, 1] + [12, 10, 9]
-    )
+    assert free_ids(manager) == (list(range(15, 31)) + [8, 7, 6, 13, 14] + [11, 5, 4, 3, 2, 1] + [12, 10, 9])
 
 
 def test_hybrid_hit_is_the_longest_prefix_valid_for_every_group():

@@ -15,9 +15,9 @@ from hypothesis.stateful import (
 )
 
 from vjx.core.kv_cache_manager import KVCacheManager
-from vjx.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, SlidingWindowSpec
 from vjx.core.kv_cache_utils import make_block_hash_with_group_id
 from vjx.core.request import Request
+from vjx.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, SlidingWindowSpec
 from vjx.sampling_params import SamplingParams
 
 BLOCK_SIZE = 4
@@ -186,8 +186,6 @@ SETTINGS = settings(
 )
 
 
-@pytest.mark.parametrize(
-    "machine", [KVCacheMachine, HybridMachine, SlidingWindowMachine, NoPrefixCacheMachine]
-)
+@pytest.mark.parametrize("machine", [KVCacheMachine, HybridMachine, SlidingWindowMachine, NoPrefixCacheMachine])
 def test_block_accounting_holds_under_random_operations(machine):
     run_state_machine_as_test(machine, settings=SETTINGS)

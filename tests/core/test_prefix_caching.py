@@ -96,9 +96,7 @@ def test_partial_block_prompts_hit_full_blocks_only():
     assert schedule_prompt(manager, a) == ([1, 2, 3],)
     # The partial block 3 holds tokens 8, 9 but has no hash: it is never a hit.
     assert (len(a.block_hashes), manager.block_pool.blocks[3].block_hash) == (2, None)
-    assert manager.get_computed_blocks(make_request("b", list(range(10))))[0].get_block_ids() == (
-        [1, 2],
-    )
+    assert manager.get_computed_blocks(make_request("b", list(range(10))))[0].get_block_ids() == ([1, 2],)
     # Prompts of exactly one or two blocks leave their last token to compute.
     assert manager.get_computed_blocks(make_request("c", list(range(8))))[1] == 4
     assert manager.get_computed_blocks(make_request("d", list(range(4))))[1] == 0
@@ -188,18 +186,14 @@ def test_refusal_with_hits_changes_nothing():
 def test_cache_salt_isolates_tenants():
     manager = KVCacheManager(block_size=4, num_gpu_blocks=21, max_model_len=64)
     prompt = list(range(13))
-    assert schedule_prompt(manager, make_request("a", prompt, cache_salt="tenant-a")) == (
-        [1, 2, 3, 4],
-    )
+    assert schedule_prompt(manager, make_request("a", prompt, cache_salt="tenant-a")) == ([1, 2, 3, 4],)
     assert manager.get_computed_blocks(make_request("b", prompt, cache_salt="tenant-b"))[1] == 0
     assert manager.get_computed_blocks(make_request("c", prompt))[1] == 0
     a2 = make_request("a2", prompt, cache_salt="tenant-a")
     assert manager.get_computed_blocks(a2)[0].get_block_ids() == ([1, 2, 3],)
     # Unsalted requests share among themselves, apart from every tenant.
     assert schedule_prompt(manager, make_request("d", prompt)) == ([5, 6, 7, 8],)
-    assert manager.get_computed_blocks(make_request("e", prompt))[0].get_block_ids() == (
-        [5, 6, 7],
-    )
+    assert manager.get_computed_blocks(make_request("e", prompt))[0].get_block_ids() == ([5, 6, 7],)
     # The salt enters the first block only, yet through the chain it changes every hash.
     unsalted = make_request("f", prompt)
     manager.get_computed_blocks(unsalted)

@@ -94,9 +94,7 @@ def test_chunked_prefill_over_several_steps():
     assert engine_outputs.outputs == [output("a", [5])]
 
     out, engine_outputs = step(scheduler, {"a": [6], "b": [7]})
-    assert out.scheduled_cached_reqs == CachedRequestData(
-        ["a", "b"], [False, False], [None, None], [10, 2]
-    )
+    assert out.scheduled_cached_reqs == CachedRequestData(["a", "b"], [False, False], [None, None], [10, 2])
     assert out.num_scheduled_tokens == {"a": 1, "b": 1}
     assert engine_outputs.outputs == [output("a", [6]), output("b", [7])]
 
@@ -265,9 +263,7 @@ def test_abort_frees_blocks_at_once_in_every_state():
     out, engine_outputs = step(scheduler, {})
     assert out.finished_req_ids == {"decoding", "prefilling", "waiting"}
     assert out.total_num_scheduled_tokens == 0
-    assert engine_outputs == EngineCoreOutputs(
-        outputs=[], finished_requests={"decoding", "prefilling", "waiting"}
-    )
+    assert engine_outputs == EngineCoreOutputs(outputs=[], finished_requests={"decoding", "prefilling", "waiting"})
     assert not scheduler.has_finished_requests()
 
 

@@ -90,9 +90,7 @@ def test_preempted_requests_resume_in_admission_order_and_none_is_admitted_meanw
     scheduler.add_request(make_request("d", [9]))
     out, _ = step(scheduler, {"b": [51]})
     assert out.num_scheduled_tokens == {"a": 8, "b": 1}
-    assert out.scheduled_cached_reqs == CachedRequestData(
-        ["a", "b"], [False, False], [([6, 5],), None], [8, 3]
-    )
+    assert out.scheduled_cached_reqs == CachedRequestData(["a", "b"], [False, False], [([6, 5],), None], [8, 3])
     assert (waiting_ids(scheduler), free_ids(scheduler)) == (["c", "d"], [4])
 
     # Then b goes; it was admitted before c, so it resumes first.
@@ -117,9 +115,7 @@ def test_preempted_requests_resume_in_admission_order_and_none_is_admitted_meanw
 
 
 def test_priority_policy_preempts_the_lowest_priority_even_if_already_scheduled():
-    scheduler = make_scheduler(
-        num_gpu_blocks=6, max_model_len=20, max_num_batched_tokens=20, policy="priority"
-    )
+    scheduler = make_scheduler(num_gpu_blocks=6, max_model_len=20, max_num_batched_tokens=20, policy="priority")
     scheduler.add_request(make_request("a", A_PROMPT, priority=1, arrival_time=0.0))
     step(scheduler, {"a": [30]})
     scheduler.add_request(make_request("b", B_PROMPT, priority=0, arrival_time=1.0, max_tokens=3))
@@ -145,9 +141,7 @@ def test_priority_policy_preempts_the_lowest_priority_even_if_already_scheduled(
 
 
 def test_priority_victim_ties_go_to_the_latest_arrival():
-    scheduler = make_scheduler(
-        num_gpu_blocks=6, max_model_len=20, max_num_batched_tokens=20, policy="priority"
-    )
+    scheduler = make_scheduler(num_gpu_blocks=6, max_model_len=20, max_num_batched_tokens=20, policy="priority")
     scheduler.add_request(make_request("late", A_PROMPT, priority=1, arrival_time=2.0))
     scheduler.add_request(make_request("early", B_PROMPT, priority=1, arrival_time=1.0))
     out, _ = step(scheduler, {"late": [30], "early": [40]})
@@ -201,9 +195,7 @@ def simulate(scheduler: Scheduler, num_steps: int) -> int:
 @pytest.mark.parametrize("policy", ["fcfs", "priority"])
 @pytest.mark.parametrize("enable_prefix_caching", [True, False])
 @pytest.mark.parametrize("long_prefill_token_threshold", [0, 5])
-def test_no_blocks_leak_after_a_busy_run_with_preemptions(
-    policy, enable_prefix_caching, long_prefill_token_threshold
-):
+def test_no_blocks_leak_after_a_busy_run_with_preemptions(policy, enable_prefix_caching, long_prefill_token_threshold):
     scheduler = make_scheduler(
         num_gpu_blocks=9,
         max_num_batched_tokens=12,

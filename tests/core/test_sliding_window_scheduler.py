@@ -12,8 +12,7 @@ WINDOW = SlidingWindowSpec(BLOCK_SIZE, **HEADS, sliding_window=8)
 
 def test_a_sliding_window_request_runs_past_the_pool_and_frees_blocks_behind_its_window():
     # 6 usable blocks of 4 tokens hold 24 tokens; the request grows to 64.
-    scheduler = make_scheduler(num_gpu_blocks=7, max_model_len=64, max_num_batched_tokens=8,
-                               kv_cache_spec=WINDOW)
+    scheduler = make_scheduler(num_gpu_blocks=7, max_model_len=64, max_num_batched_tokens=8, kv_cache_spec=WINDOW)
     scheduler.add_request(make_request("a", list(range(6)), max_tokens=58, ignore_eos=True))
     num_generated = 0
     while scheduler.has_unfinished_requests():
@@ -29,8 +28,12 @@ def test_a_sliding_window_request_runs_past_the_pool_and_frees_blocks_behind_its
 
 def test_full_attention_with_the_same_pool_is_refused():
     with pytest.raises(ValueError, match="num_gpu_blocks=7 holds 24 tokens .* max_model_len=64"):
-        make_scheduler(num_gpu_blocks=7, max_model_len=64, max_num_batched_tokens=8,
-                       kv_cache_spec=FullAttentionSpec(BLOCK_SIZE, **HEADS))
+        make_scheduler(
+            num_gpu_blocks=7,
+            max_model_len=64,
+            max_num_batched_tokens=8,
+            kv_cache_spec=FullAttentionSpec(BLOCK_SIZE, **HEADS),
+        )
 
 
 def test_the_window_bounds_what_one_request_may_hold():

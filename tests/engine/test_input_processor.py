@@ -154,4 +154,3 @@ def test_bad_words_are_tokenized_with_and_without_a_leading_space(processor):
 def test_blank_bad_words_raise(processor):
     with pytest.raises(ValueError, match=r"bad_words must hold non-blank words, got \['ok', ' '\]"):
         processor.process_inputs("r", "Hello", SamplingParams(bad_words=["ok", " "]))
-

@@ -14,8 +14,8 @@ from tests.helpers.tokenizer import BOS, EOS, text_ids
 from vjx.engine.detokenizer import IncrementalDetokenizer
 from vjx.engine.messages import EngineCoreOutput, EngineCoreRequest, FinishReason
 from vjx.engine.output_processor import OutputProcessor
-from vjx.sampling_params import RequestOutputKind
-from vjx.sampling_params import SamplingParams
+from vjx.sampling_params import RequestOutputKind, SamplingParams
+
 
 def _stream(detokenizer: IncrementalDetokenizer, token_ids: list[int], chunk_sizes: list[int]) -> list[str]:
     """Feeds the tokens in chunks, the last one finishing by length; returns the deltas."""
@@ -46,9 +46,7 @@ def test_deltas_join_to_decode_of_random_tokens(tokenizer, skip_special_tokens, 
     for _ in range(200):
         prompt_ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randrange(1, 8))]
         token_ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randrange(1, 40))]
-        request = EngineCoreRequest(
-            "r", prompt_ids, SamplingParams(skip_special_tokens=skip_special_tokens), EOS, 0.0
-        )
+        request = EngineCoreRequest("r", prompt_ids, SamplingParams(skip_special_tokens=skip_special_tokens), EOS, 0.0)
         detokenizer = IncrementalDetokenizer(tokenizer, request)
         chunk_sizes = [rng.randrange(1, 4) for _ in range(len(token_ids))]
         deltas = _stream(detokenizer, token_ids, chunk_sizes)

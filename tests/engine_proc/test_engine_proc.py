@@ -67,12 +67,15 @@ def _greedy(kind: RequestOutputKind = RequestOutputKind.CUMULATIVE) -> SamplingP
 def test_outputs_identical_in_process_and_multiprocess(async_llm, loop):
     sampled = SamplingParams(temperature=0.8, seed=5, max_tokens=10)
     in_process = LLM(**LARGE_ARGS, async_scheduling=False, multiprocess=False)
-    expected = [[o.outputs[0].token_ids for o in in_process.generate(PROMPTS, p, use_tqdm=False)]
-                for p in (_greedy(), sampled)]
+    expected = [
+        [o.outputs[0].token_ids for o in in_process.generate(PROMPTS, p, use_tqdm=False)] for p in (_greedy(), sampled)
+    ]
     multiprocess = LLM(**LARGE_ARGS, async_scheduling=False, multiprocess=True)
     try:
-        got = [[o.outputs[0].token_ids for o in multiprocess.generate(PROMPTS, p, use_tqdm=False)]
-               for p in (_greedy(), sampled)]
+        got = [
+            [o.outputs[0].token_ids for o in multiprocess.generate(PROMPTS, p, use_tqdm=False)]
+            for p in (_greedy(), sampled)
+        ]
     finally:
         client = multiprocess.llm_engine.engine_core
         multiprocess.llm_engine.shutdown()
@@ -81,8 +84,9 @@ def test_outputs_identical_in_process_and_multiprocess(async_llm, loop):
     assert not os.path.exists(client.engine.socket_dir)
 
     async def streams():
-        return await asyncio.gather(*[_collect(async_llm, p, _greedy(DELTA), f"same-{i}")
-                                      for i, p in enumerate(PROMPTS)])
+        return await asyncio.gather(
+            *[_collect(async_llm, p, _greedy(DELTA), f"same-{i}") for i, p in enumerate(PROMPTS)]
+        )
 
     assert _run(loop, streams()) == expected[0]
 
@@ -177,8 +181,14 @@ def test_malformed_messages_do_not_kill_the_engine(async_llm, loop):
     context = zmq.Context()
     intruder = context.socket(zmq.PUSH)
     intruder.connect(async_llm.engine_core.engine.addresses["input"])
-    for frames in ([b"garbage"], [b"ADD", b"\xc1\xc1"], [b"ADD", b"\x93\x01\x02\x03"], [b"UTILITY", b"\x80"],
-                   [b"ABORT", b"\x91\x01"], [b"\x80\x04pickle", b"."]):
+    for frames in (
+        [b"garbage"],
+        [b"ADD", b"\xc1\xc1"],
+        [b"ADD", b"\x93\x01\x02\x03"],
+        [b"UTILITY", b"\x80"],
+        [b"ABORT", b"\x91\x01"],
+        [b"\x80\x04pickle", b"."],
+    ):
         intruder.send_multipart(frames)
     intruder.close(linger=2000)
     context.term()

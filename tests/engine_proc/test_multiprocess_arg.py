@@ -14,8 +14,9 @@ def test_cpu_default_is_in_process():
 
 def test_multiprocess_without_pyzmq_is_refused(monkeypatch):
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "zmq" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "zmq" else real_find_spec(name, *a)
+    )
     with pytest.raises(ValueError, match="multiprocess=True needs pyzmq and msgspec"):
         EngineArgs(max_model_len=64, multiprocess=True).create_engine_config()
     assert EngineArgs(max_model_len=64).create_engine_config().multiprocess is False
-

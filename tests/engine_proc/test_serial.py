@@ -11,11 +11,11 @@ from vjx.sampling_params import RequestOutputKind, SamplingParams
 
 
 def _request() -> EngineCoreRequest:
-    params = SamplingParams(temperature=0.5, stop="x", logit_bias={7: 1.5, 3: -2.0},
-                            output_kind=RequestOutputKind.DELTA, bad_words=["no"])
+    params = SamplingParams(
+        temperature=0.5, stop="x", logit_bias={7: 1.5, 3: -2.0}, output_kind=RequestOutputKind.DELTA, bad_words=["no"]
+    )
     params.bad_words_token_ids = [[1, 2], [3]]
-    return EngineCoreRequest("r0", [1, 2, 3], params, eos_token_id=2, arrival_time=1.5, priority=-1,
-                             cache_salt="salt")
+    return EngineCoreRequest("r0", [1, 2, 3], params, eos_token_id=2, arrival_time=1.5, priority=-1, cache_salt="salt")
 
 
 def test_request_round_trip_keeps_init_false_fields_int_keys_and_enums():
@@ -43,13 +43,16 @@ def test_utility_results_and_engine_args_round_trip():
     assert serial.decode_dataclass(serial.encode_dataclass(args), EngineArgs) == args
 
 
-@pytest.mark.parametrize("frames", [
-    [b"ADD", b"\x93\x01\x02\x03"],
-    [b"ADD", b"not msgpack \xc1"],
-    [b"PICKLE", b"\x80\x04"],
-    [b"ABORT"],
-    [b"ABORT", serial.encode(serial.ABORT, ["a"])[1], b"extra"],
-])
+@pytest.mark.parametrize(
+    "frames",
+    [
+        [b"ADD", b"\x93\x01\x02\x03"],
+        [b"ADD", b"not msgpack \xc1"],
+        [b"PICKLE", b"\x80\x04"],
+        [b"ABORT"],
+        [b"ABORT", serial.encode(serial.ABORT, ["a"])[1], b"extra"],
+    ],
+)
 def test_malformed_messages_are_refused(frames):
     with pytest.raises(ValueError):
         serial.decode(frames)

@@ -69,9 +69,7 @@ def make_batch(requests, shape: BatchShape, dtype=jnp.float32, seed: int = 0) ->
         block_tables[row, : len(pages)] = pages
         positions = np.arange(seq_len)
         page_of, offset_of = pages[positions // s.page_size], positions % s.page_size
-        kv_cache[:, :, page_of, offset_of] = _rounded(
-            rng, (2, s.num_kv_heads, seq_len, s.head_dim), dtype
-        )
+        kv_cache[:, :, page_of, offset_of] = _rounded(rng, (2, s.num_kv_heads, seq_len, s.head_dim), dtype)
         new = slice(start, start + num_new)
         slots = page_of[num_cached:] * s.page_size + offset_of[num_cached:]
         slot_mapping[new] = slots

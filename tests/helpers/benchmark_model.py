@@ -17,5 +17,15 @@ TINY_CONFIG = {
     "dtype": "float32",
 }
 # Small buckets keep the engine's compile time down on CI's two cores.
-ENGINE_FLAGS = ["--load-format", "dummy", "--max-model-len", "128", "--max-num-seqs", "8",
-                "--max-num-batched-tokens", "64", "--num-gpu-blocks-override", "96"]
+ENGINE_FLAGS = [
+    "--load-format",
+    "dummy",
+    "--max-model-len",
+    "128",
+    "--max-num-seqs",
+    "8",
+    "--max-num-batched-tokens",
+    "64",
+    "--num-gpu-blocks-override",
+    "96",
+]

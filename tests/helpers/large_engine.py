@@ -14,8 +14,15 @@ LARGE_ARGS = dict(
 )
 """No chunked prefill and a KV pool that fits 16 requests of 256 tokens."""
 LARGE_FLAGS = [
-    "--max-model-len", "256", "--max-num-seqs", "16", "--max-num-batched-tokens", "256",
-    "--no-enable-chunked-prefill", "--num-gpu-blocks-override", "400",
+    "--max-model-len",
+    "256",
+    "--max-num-seqs",
+    "16",
+    "--max-num-batched-tokens",
+    "256",
+    "--no-enable-chunked-prefill",
+    "--num-gpu-blocks-override",
+    "400",
 ]
 """LARGE_ARGS as command-line flags."""
 

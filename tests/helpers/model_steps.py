@@ -46,7 +46,9 @@ def prefill(model, token_ids, num_cached, block_ids, kv_caches):
     )
     graphdef, state = nnx.split(model)
     logits, kv_caches = _step(
-        graphdef, state, kv_caches,
+        graphdef,
+        state,
+        kv_caches,
         jnp.asarray(np.pad(token_ids, (0, pad)), jnp.int32),
         jnp.asarray(np.pad(positions, (0, pad)), jnp.int32),
         md,
@@ -55,12 +57,8 @@ def prefill(model, token_ids, num_cached, block_ids, kv_caches):
 
 
 def empty_caches(hf_config):
-    head_dim = getattr(hf_config, "head_dim", None) or (
-        hf_config.hidden_size // hf_config.num_attention_heads
-    )
-    shape = ReferenceBackend().kv_cache_shape(
-        NUM_BLOCKS, BLOCK_SIZE, hf_config.num_key_value_heads, head_dim
-    )
+    head_dim = getattr(hf_config, "head_dim", None) or (hf_config.hidden_size // hf_config.num_attention_heads)
+    shape = ReferenceBackend().kv_cache_shape(NUM_BLOCKS, BLOCK_SIZE, hf_config.num_key_value_heads, head_dim)
     # Committed like the caches a step returns, so the second chunk reuses the compiled step.
     zeros = jax.device_put(np.zeros(shape, np.float32), jax.devices()[0])
     return [zeros.copy() for _ in range(hf_config.num_hidden_layers)]

@@ -46,8 +46,13 @@ class RemoteServer:
         self.api_key = api_key
         self.log = tempfile.NamedTemporaryFile(prefix="vjx-serve-", suffix=".log", delete=False)
         command = [sys.executable, "-m", "serving.cli", "serve", "--port", str(self.port), *LARGE_FLAGS, *args]
-        self.process = subprocess.Popen(command, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
-                                        env={**os.environ, **_jax_cache_env(), **(env or {})})
+        self.process = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **_jax_cache_env(), **(env or {})},
+        )
         self._wait_until_healthy()
 
     def _wait_until_healthy(self) -> None:
@@ -72,15 +77,21 @@ class RemoteServer:
         return f"http://127.0.0.1:{self.port}"
 
     def client(self, **kwargs) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.base_url + "/v1", api_key=self.api_key or "unused", max_retries=0,
-                             **kwargs)
+        return openai.OpenAI(base_url=self.base_url + "/v1", api_key=self.api_key or "unused", max_retries=0, **kwargs)
 
     def async_client(self, **kwargs) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=self.base_url + "/v1", api_key=self.api_key or "unused",
-                                  max_retries=0, **kwargs)
+        return openai.AsyncOpenAI(
+            base_url=self.base_url + "/v1", api_key=self.api_key or "unused", max_retries=0, **kwargs
+        )
 
-    def request(self, method: str, path: str, body: bytes | dict | list | None = None,
-                headers: dict[str, str] | None = None, timeout_s: float = 30.0) -> tuple[int, bytes]:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | dict | list | None = None,
+        headers: dict[str, str] | None = None,
+        timeout_s: float = 30.0,
+    ) -> tuple[int, bytes]:
         """One raw HTTP request (with the API key unless `headers` has an authorization);
         returns (status, body)."""
         all_headers = {"Content-Type": "application/json"}
@@ -103,8 +114,12 @@ class RemoteServer:
 
         status, body = self.request("GET", "/metrics")
         assert status == 200, body
-        return {sample.name: sample.value for family in text_string_to_metric_families(body.decode())
-                for sample in family.samples if not sample.labels.get("le")}
+        return {
+            sample.name: sample.value
+            for family in text_string_to_metric_families(body.decode())
+            for sample in family.samples
+            if not sample.labels.get("le")
+        }
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 60.0) -> int:
         if self.process.poll() is None:

@@ -23,8 +23,17 @@ _NEUTRAL = dict(
 )
 
 
-def make_metadata(num_rows, vocab_size, *, all_greedy=False, token_ids=None, logit_bias=None,
-                  stop_token_ids=None, bad_words=None, **per_row):
+def make_metadata(
+    num_rows,
+    vocab_size,
+    *,
+    all_greedy=False,
+    token_ids=None,
+    logit_bias=None,
+    stop_token_ids=None,
+    bad_words=None,
+    **per_row,
+):
     """Every processor off unless given; per-row fields broadcast to [num_rows]."""
     fields = {}
     for name, (neutral, dtype) in _NEUTRAL.items():
@@ -57,7 +66,7 @@ def right_aligned_words(words_per_row, num_words, word_len):
     out = np.full((len(words_per_row), num_words, word_len), -1, np.int32)
     for row, words in enumerate(words_per_row):
         for b, word in enumerate(words):
-            out[row, b, word_len - len(word):] = word
+            out[row, b, word_len - len(word) :] = word
     return out
 
 
@@ -80,6 +89,6 @@ def reference_bad_words(logits, words, output):
         prefix = list(word[:-1])
         if len(prefix) > len(output):
             continue
-        if not prefix or list(output[len(output) - len(prefix):]) == prefix:
+        if not prefix or list(output[len(output) - len(prefix) :]) == prefix:
             x[word[-1]] = -np.inf
     return x

@@ -1,12 +1,12 @@
 """Builders shared by the scheduler tests: a tiny KV config, requests, hand-built runner outputs."""
 
 from vjx.config import CacheConfig, SchedulerConfig
-from vjx.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheSpec
 from vjx.core.request import Request
 from vjx.core.sched.async_scheduler import AsyncScheduler
 from vjx.core.sched.output import SchedulerOutput
 from vjx.core.sched.scheduler import Scheduler
 from vjx.engine.messages import EngineCoreOutput
+from vjx.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheSpec
 from vjx.outputs import ModelRunnerOutput
 from vjx.sampling_params import SamplingParams
 
@@ -59,9 +59,7 @@ def make_request(
     **sampling_kwargs,
 ) -> Request:
     sampling_params = SamplingParams(**sampling_kwargs)
-    return Request(
-        request_id, prompt_token_ids, sampling_params, eos_token_id, arrival_time, priority
-    )
+    return Request(request_id, prompt_token_ids, sampling_params, eos_token_id, arrival_time, priority)
 
 
 def runner_output(out: SchedulerOutput, sampled: dict[str, list[int]]) -> ModelRunnerOutput:
@@ -81,9 +79,7 @@ def step(scheduler: Scheduler, sampled: dict[str, list[int]]):
 
 
 def new_reqs(scheduler_output: SchedulerOutput) -> list[tuple]:
-    return [
-        (r.req_id, r.block_ids, r.num_computed_tokens) for r in scheduler_output.scheduled_new_reqs
-    ]
+    return [(r.req_id, r.block_ids, r.num_computed_tokens) for r in scheduler_output.scheduled_new_reqs]
 
 
 def free_ids(scheduler: Scheduler) -> list[int]:
@@ -96,7 +92,4 @@ def num_free_blocks(scheduler: Scheduler) -> int:
 
 
 def output(request_id, new_token_ids, finish_reason=None, stop_reason=None, num_cached_tokens=0):
-    return EngineCoreOutput(
-        request_id, new_token_ids, finish_reason, stop_reason, num_cached_tokens
-    )
-
+    return EngineCoreOutput(request_id, new_token_ids, finish_reason, stop_reason, num_cached_tokens)

@@ -20,8 +20,12 @@ MLP = 128
 PROMPTS = [{"prompt_token_ids": [(7 * i + 3 * j) % 290 + 2 for j in range(5 + 9 * i)]} for i in range(4)]
 """Four prompts of 5 to 32 tokens, so a 16-token budget chunks the longer ones."""
 ENGINE_ARGS = dict(
-    max_model_len=64, max_num_seqs=4, max_num_batched_tokens=16, num_gpu_blocks_override=32,
-    multiprocess=False, async_scheduling=False,
+    max_model_len=64,
+    max_num_seqs=4,
+    max_num_batched_tokens=16,
+    num_gpu_blocks_override=32,
+    multiprocess=False,
+    async_scheduling=False,
 )
 """One 16-token bucket: the cheapest compile, and every step mixes prefill chunks with decodes."""
 
@@ -44,9 +48,17 @@ def randomize_(hf_model: torch.nn.Module, seed: int) -> None:
 
 def tiny_config(num_kv_heads: int, **overrides) -> transformers.LlamaConfig:
     fields = dict(
-        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=MLP, num_hidden_layers=2,
-        num_attention_heads=NUM_HEADS, num_key_value_heads=num_kv_heads, head_dim=HEAD_DIM,
-        max_position_embeddings=128, tie_word_embeddings=False, bos_token_id=0, eos_token_id=1,
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=MLP,
+        num_hidden_layers=2,
+        num_attention_heads=NUM_HEADS,
+        num_key_value_heads=num_kv_heads,
+        head_dim=HEAD_DIM,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=1,
     )
     config = transformers.LlamaConfig(**{**fields, **overrides})
     config.architectures = ["LlamaForCausalLM"]

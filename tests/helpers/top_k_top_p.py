@@ -6,10 +6,14 @@ from jaxtyping import Array, Float, Int
 
 from vjx.sampling.top_k_top_p import FilterParams, SubsetShape, filter_mask, filter_thresholds
 
+_DEFAULT_SUBSET = SubsetShape()
+
 
 def apply_top_k_top_p(
-    logits: Float[Array, "R V"], top_k: Int[Array, "R"], top_p: Float[Array, "R"],
-    subset: SubsetShape = SubsetShape(),
+    logits: Float[Array, "R V"],
+    top_k: Int[Array, " R"],
+    top_p: Float[Array, " R"],
+    subset: SubsetShape = _DEFAULT_SUBSET,
 ) -> Float[Array, "R V"]:
     """The float32 logits with every token that top-k, then top-p, drops set to -inf
     (temperature 1, no min-p)."""

@@ -56,8 +56,15 @@ def _shape(group: int, head_dim: int, page_size: int) -> BatchShape:
 @functools.partial(jax.jit, static_argnames=("scoring",))
 def _attend(q, kv_cache, md, scoring):
     return ragged_paged_attention(
-        q, kv_cache, md.query_start_loc, md.seq_lens, md.block_tables, md.num_seqs,
-        scoring=scoring, tuning=TUNING, interpret=True,
+        q,
+        kv_cache,
+        md.query_start_loc,
+        md.seq_lens,
+        md.block_tables,
+        md.num_seqs,
+        scoring=scoring,
+        tuning=TUNING,
+        interpret=True,
     )
 
 
@@ -113,7 +120,9 @@ def test_bad_shapes_raise(num_heads, num_kv_heads, head_dim, argument):
     q = jnp.zeros((16, num_heads, head_dim), jnp.float32)
     kv_cache = jnp.zeros((2, num_kv_heads, 8, 16, head_dim), jnp.float32)
     metadata = (
-        jnp.zeros((3,), jnp.int32), jnp.zeros((2,), jnp.int32), jnp.zeros((2, 4), jnp.int32),
+        jnp.zeros((3,), jnp.int32),
+        jnp.zeros((2,), jnp.int32),
+        jnp.zeros((2, 4), jnp.int32),
         jnp.ones((1,), jnp.int32),
     )
     with pytest.raises(ValueError, match=argument):

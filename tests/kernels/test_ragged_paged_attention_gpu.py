@@ -79,4 +79,3 @@ def test_long_decode_splits():
 )
 def test_decode_step_buckets(requests, shape):
     _check(make_batch(requests, shape, jnp.bfloat16), Scoring(128**-0.5), 2e-2)
-

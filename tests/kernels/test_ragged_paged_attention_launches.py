@@ -32,8 +32,15 @@ SHAPE = BatchShape(16, 4, 8, 2, 64, 16, 256)
 @functools.partial(jax.jit, static_argnames=("tuning",))
 def _attend(q, kv_cache, md, tuning):
     return rpa.ragged_paged_attention(
-        q, kv_cache, md.query_start_loc, md.seq_lens, md.block_tables, md.num_seqs,
-        scoring=SCORING, tuning=tuning, interpret=True,
+        q,
+        kv_cache,
+        md.query_start_loc,
+        md.seq_lens,
+        md.block_tables,
+        md.num_seqs,
+        scoring=SCORING,
+        tuning=tuning,
+        interpret=True,
     )
 
 
@@ -77,9 +84,7 @@ def test_a_call_is_two_launches_and_nothing_else():
     ],
 )
 def test_split_policy(num_seqs, seq_len, window, expected):
-    splits = rpa._Splits(
-        decode_programs=64, max_kv_splits=16, min_tiles_per_split=2, block_k=64, sliding_window=window
-    )
+    splits = rpa._Splits(decode_programs=64, max_kv_splits=16, min_tiles_per_split=2, block_k=64, sliding_window=window)
     max_splits = splits.max_splits(jnp.int32(num_seqs))
     assert int(splits.row_splits(jnp.int32(seq_len), max_splits)) == expected
 
@@ -90,9 +95,7 @@ def test_decode_launch_writes_rows_of_one_segment():
     batch = make_batch([(240, 1), (3, 1), (20, 1)], SHAPE)
     q, _, _, kv_cache = batch.device_arrays()
     md = batch.md
-    step = rpa._Step(
-        q, kv_cache, md.query_start_loc, md.seq_lens, md.block_tables, md.num_seqs, SCORING, True
-    )
+    step = rpa._Step(q, kv_cache, md.query_start_loc, md.seq_lens, md.block_tables, md.num_seqs, SCORING, True)
     geometry = kv_walk.Geometry(2, 4, 64, 16, block_m=16, block_k=16)
     splits = rpa._Splits(8, 4, 2, 16, None)  # 2 segments at most for 3 rows
     *_, out = rpa._decode(step, geometry, splits, TUNING.decode)
@@ -119,7 +122,10 @@ def test_empty_segment():
     """With one tile per segment allowed, 71 keys (5 tiles) take 4 segments of 2, 2, 1 and 0
     tiles; the empty one folds in as nothing."""
     tuning = AttentionTuning(
-        decode=TUNING.decode, prefill=TUNING.prefill, decode_programs=8, max_kv_splits=4,
+        decode=TUNING.decode,
+        prefill=TUNING.prefill,
+        decode_programs=8,
+        max_kv_splits=4,
         min_tiles_per_split=1,
     )
     _check(make_batch([(240, 1), (70, 1), (30, 12)], SHAPE), tuning)
@@ -131,4 +137,3 @@ def test_many_short_prefill_rows():
     requests = [(3, 3), (0, 3), (5, 3), (9, 3), (1, 3)]
     tuning = AttentionTuning(decode=TUNING.decode, prefill=KernelTuning(block_m=16, block_k=16))
     _check(make_batch(requests, BatchShape(16, 8, 8, 1, 64, 16, 64)), tuning)
-

@@ -27,21 +27,37 @@ LLAMA3_SCALING = {
     "original_max_position_embeddings": 64,
 }
 COMMON = dict(
-    vocab_size=VOCAB, intermediate_size=256, num_hidden_layers=2, max_position_embeddings=512,
+    vocab_size=VOCAB,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    max_position_embeddings=512,
     attn_implementation="eager",
 )
 CONFIGS = {
     "gqa1_hd64_tied_bias": dict(
-        hidden_size=128, num_attention_heads=2, num_key_value_heads=2,
-        tie_word_embeddings=True, attention_bias=True, mlp_bias=True,
+        hidden_size=128,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        attention_bias=True,
+        mlp_bias=True,
     ),
     "gqa2_hd64_untied_llama3": dict(
-        hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-        tie_word_embeddings=False, rope_scaling=LLAMA3_SCALING,
+        hidden_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        tie_word_embeddings=False,
+        rope_scaling=LLAMA3_SCALING,
     ),
     "gqa4_hd128_tied_llama3_sharded": dict(
-        hidden_size=256, num_attention_heads=4, num_key_value_heads=1, head_dim=128,
-        tie_word_embeddings=True, rope_scaling=LLAMA3_SCALING, rope_theta=500000.0,
+        hidden_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=128,
+        tie_word_embeddings=True,
+        rope_scaling=LLAMA3_SCALING,
+        rope_theta=500000.0,
     ),
 }
 SHARDED = {"gqa4_hd128_tied_llama3_sharded"}
@@ -55,9 +71,13 @@ def save_and_load(tmp_dir, hf_config, *, seed=0, max_shard_size="50GB"):
     randomize_(hf_model, seed)
     hf_model.save_pretrained(tmp_dir, max_shard_size=max_shard_size)
     config = ModelConfig(
-        model=str(tmp_dir), tokenizer=str(tmp_dir),
+        model=str(tmp_dir),
+        tokenizer=str(tmp_dir),
         hf_config=transformers.AutoConfig.from_pretrained(tmp_dir),
-        dtype="float32", max_model_len=NUM_TOKENS, seed=0, load_format="auto",
+        dtype="float32",
+        max_model_len=NUM_TOKENS,
+        seed=0,
+        load_format="auto",
     )
     return hf_model, get_model(config, ReferenceBackend())
 
@@ -102,8 +122,13 @@ def test_two_chunk_prefill_reads_first_chunk_from_cache(loaded):
 
 def test_mistral_with_sliding_window_matches_hf(tmp_path):
     hf_config = transformers.MistralConfig(
-        **COMMON, hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-        sliding_window=48, tie_word_embeddings=False,
+        **COMMON,
+        hidden_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        sliding_window=48,
+        tie_word_embeddings=False,
     )
     hf_config.architectures = ["MistralForCausalLM"]
     hf_model, model = save_and_load(tmp_path, hf_config, seed=1)

@@ -23,8 +23,13 @@ VOCAB, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, MLP = 256, 64, 4, 2, 16, 128
 
 def tiny_config(**overrides) -> transformers.LlamaConfig:
     fields = dict(
-        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=MLP, num_hidden_layers=2,
-        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=128,
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=MLP,
+        num_hidden_layers=2,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        max_position_embeddings=128,
         tie_word_embeddings=False,
     )
     config = transformers.LlamaConfig(**{**fields, **overrides})
@@ -34,8 +39,13 @@ def tiny_config(**overrides) -> transformers.LlamaConfig:
 
 def model_config(hf_config, model_dir="/nonexistent", **overrides) -> ModelConfig:
     fields = dict(
-        model=str(model_dir), tokenizer=str(model_dir), hf_config=hf_config, dtype="float32",
-        max_model_len=128, seed=0, load_format="dummy",
+        model=str(model_dir),
+        tokenizer=str(model_dir),
+        hf_config=hf_config,
+        dtype="float32",
+        max_model_len=128,
+        seed=0,
+        load_format="dummy",
     )
     return ModelConfig(**{**fields, **overrides})
 
@@ -87,9 +97,7 @@ def test_unknown_architecture_is_a_value_error():
         get_model(model_config(config), ReferenceBackend())
 
 
-@pytest.mark.parametrize(
-    ("field", "value"), [("dtype", "float64"), ("load_format", "gguf-direct")]
-)
+@pytest.mark.parametrize(("field", "value"), [("dtype", "float64"), ("load_format", "gguf-direct")])
 def test_bad_model_config_is_a_value_error(field, value):
     with pytest.raises(ValueError, match=field):
         get_model(model_config(tiny_config(), **{field: value}), ReferenceBackend())
@@ -111,8 +119,7 @@ def test_bfloat16_load_casts_checkpoint_and_runs(tmp_path):
 
 def test_bfloat16_checkpoint_loads_exactly_as_float32(tmp_path):
     hf_model = save_hf(tmp_path, tiny_config(), torch_dtype=torch.bfloat16)
-    model = get_model(model_config(hf_model.config, tmp_path, load_format="safetensors"),
-                      ReferenceBackend())
+    model = get_model(model_config(hf_model.config, tmp_path, load_format="safetensors"), ReferenceBackend())
     expected = hf_model.model.embed_tokens.weight.detach().float().numpy()
     np.testing.assert_array_equal(np.asarray(model.model.embed_tokens.embedding[...]), expected)
 
@@ -155,7 +162,8 @@ def test_each_layer_declares_its_kv_cache_spec():
     model = get_model(model_config(tiny_config()), ReferenceBackend())
     full = FullAttentionSpec(16, num_kv_heads=KV_HEADS, head_size=HEAD_DIM, dtype="float32")
     assert model.get_kv_cache_spec(16, KV_HEADS, "float32") == {
-        "model.layers.0.self_attn": full, "model.layers.1.self_attn": full,
+        "model.layers.0.self_attn": full,
+        "model.layers.1.self_attn": full,
     }
     wide = get_model(model_config(tiny_config(head_dim=32)), ReferenceBackend())
     assert {spec.head_size for spec in wide.get_kv_cache_spec(16, KV_HEADS, "float32").values()} == {32}

@@ -15,17 +15,31 @@ WINDOW = 32
 NUM_OUTPUT_TOKENS = 300
 PROMPT = [(11 * j) % 290 + 2 for j in range(20)]
 ENGINE_ARGS = dict(
-    block_size=16, num_gpu_blocks_override=8, max_model_len=512, max_num_seqs=4, max_num_batched_tokens=32,
-    multiprocess=False, async_scheduling=False,
+    block_size=16,
+    num_gpu_blocks_override=8,
+    max_model_len=512,
+    max_num_seqs=4,
+    max_num_batched_tokens=32,
+    multiprocess=False,
+    async_scheduling=False,
 )
 """Block 0 is reserved: 7 blocks (112 tokens) for a request that grows to 320."""
 
 
 def _mistral_config(sliding_window: int | None) -> transformers.MistralConfig:
     config = transformers.MistralConfig(
-        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=MLP, num_hidden_layers=2,
-        num_attention_heads=NUM_HEADS, num_key_value_heads=2, head_dim=HEAD_DIM, max_position_embeddings=512,
-        sliding_window=sliding_window, tie_word_embeddings=False, bos_token_id=0, eos_token_id=1,
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=MLP,
+        num_hidden_layers=2,
+        num_attention_heads=NUM_HEADS,
+        num_key_value_heads=2,
+        head_dim=HEAD_DIM,
+        max_position_embeddings=512,
+        sliding_window=sliding_window,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=1,
     )
     config.architectures = ["MistralForCausalLM"]
     return config

@@ -11,10 +11,15 @@ from tests.helpers.tiny_llama import ENGINE_ARGS, PROMPTS, save_tiny_llama
 from vjx import LLM, SamplingParams
 
 SHAPE_70B = dict(
-    num_attention_heads=64, num_key_value_heads=8, head_dim=8, hidden_size=512, intermediate_size=1792,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+    head_dim=8,
+    hidden_size=512,
+    intermediate_size=1792,
     rope_theta=500000.0,
-    rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                      original_max_position_embeddings=64),
+    rope_scaling=dict(
+        rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64
+    ),
 )
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 

@@ -128,8 +128,9 @@ def test_merged_stats_add_counts_and_average_kv_usage():
     first = SchedulerStats(2, 1, 0.5, num_steps=3, num_scheduled_tokens=40, num_prefix_queried_tokens=10)
     second = SchedulerStats(1, 0, 0.25, num_steps=2, num_scheduled_tokens=8, num_prefix_hit_tokens=4)
     merged = merge_stats([first, second])
-    assert merged == SchedulerStats(3, 1, 0.375, num_steps=5, num_scheduled_tokens=48,
-                                    num_prefix_queried_tokens=10, num_prefix_hit_tokens=4)
+    assert merged == SchedulerStats(
+        3, 1, 0.375, num_steps=5, num_scheduled_tokens=48, num_prefix_queried_tokens=10, num_prefix_hit_tokens=4
+    )
 
 
 class _FakeGpu:

@@ -13,8 +13,12 @@ from vjx import LLM, SamplingParams
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "List three colors:", "Water boils at 100 degrees"]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 ENGINE_ARGS = dict(
-    max_model_len=128, max_num_seqs=4, max_num_batched_tokens=16, num_gpu_blocks_override=64,
-    multiprocess=False, async_scheduling=False,
+    max_model_len=128,
+    max_num_seqs=4,
+    max_num_batched_tokens=16,
+    num_gpu_blocks_override=64,
+    multiprocess=False,
+    async_scheduling=False,
 )
 
 

@@ -15,8 +15,14 @@ pytestmark = pytest.mark.gpu
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 ENGINE_ARGS = dict(
-    dtype="float32", attention_backend="pallas_gpu", max_model_len=64, max_num_seqs=4,
-    max_num_batched_tokens=32, num_gpu_blocks_override=64, multiprocess=False, gpu_memory_utilization=0.3,
+    dtype="float32",
+    attention_backend="pallas_gpu",
+    max_model_len=64,
+    max_num_seqs=4,
+    max_num_batched_tokens=32,
+    num_gpu_blocks_override=64,
+    multiprocess=False,
+    gpu_memory_utilization=0.3,
 )
 
 

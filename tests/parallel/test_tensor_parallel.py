@@ -55,8 +55,7 @@ def _worker(llm: LLM):
 
 @pytest.mark.parametrize("tensor_parallel_size", [2, 4, 8])
 @pytest.mark.parametrize("num_kv_heads", KV_HEADS)
-def test_greedy_tokens_equal_one_device(model_dirs, reference_tokens, tp4_kv2_llm, num_kv_heads,
-                                        tensor_parallel_size):
+def test_greedy_tokens_equal_one_device(model_dirs, reference_tokens, tp4_kv2_llm, num_kv_heads, tensor_parallel_size):
     if (num_kv_heads, tensor_parallel_size) == (2, 4):
         llm = tp4_kv2_llm
     else:
@@ -102,8 +101,7 @@ def test_kv_heads_are_repeated_at_load_time(tp4_kv2_llm, model_dirs):
     kernel = np.asarray(_worker(tp4_kv2_llm).model.model.layers[1].self_attn.qkv_proj.kernel[...])
     num_q = q.shape[0] // head_dim // 4
     assert kernel.shape == (hidden, 4, num_q + 2, head_dim)
-    np.testing.assert_array_equal(kernel[:, :, :num_q].reshape(hidden, -1, head_dim),
-                                  q.T.reshape(hidden, -1, head_dim))
+    np.testing.assert_array_equal(kernel[:, :, :num_q].reshape(hidden, -1, head_dim), q.T.reshape(hidden, -1, head_dim))
     for part, weight in ((num_q, k), (num_q + 1, v)):
         expected = np.repeat(weight.T.reshape(hidden, 2, head_dim), 2, axis=1)
         np.testing.assert_array_equal(kernel[:, :, part], expected)
@@ -129,8 +127,16 @@ def test_sampling_features_under_tensor_parallelism(tp4_kv2_llm, reference_llms)
     """Seeded sampling, penalties, logit bias, bad words and (prompt) logprobs read the
     replicated history and slot tables and the gathered logits: TP 4 gives TP 1's results."""
     params = SamplingParams(
-        temperature=0.8, seed=3, max_tokens=8, ignore_eos=True, logprobs=3, prompt_logprobs=2,
-        presence_penalty=0.5, repetition_penalty=1.2, logit_bias={7: 2.0, 9: -5.0}, bad_words=[" the"],
+        temperature=0.8,
+        seed=3,
+        max_tokens=8,
+        ignore_eos=True,
+        logprobs=3,
+        prompt_logprobs=2,
+        presence_penalty=0.5,
+        repetition_penalty=1.2,
+        logit_bias={7: 2.0, 9: -5.0},
+        bad_words=[" the"],
     )
     ours, theirs = (llm.generate(PROMPTS, params, use_tqdm=False) for llm in (tp4_kv2_llm, reference_llms[2]))
     for got, expected in zip(ours, theirs):

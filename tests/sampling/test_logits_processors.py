@@ -69,9 +69,7 @@ def _signed_logits(rng, num_rows):
 def test_penalties_match_the_vllm_reference():
     logits = _signed_logits(np.random.default_rng(0), len(_HISTORIES))
     presence, frequency, repetition = zip(*_PENALTIES)
-    md = _history_md(
-        _HISTORIES, presence_penalty=presence, frequency_penalty=frequency, repetition_penalty=repetition
-    )
+    md = _history_md(_HISTORIES, presence_penalty=presence, frequency_penalty=frequency, repetition_penalty=repetition)
     got = np.asarray(_apply_penalties(logits, md))
     for row, ((prompt, output), params) in enumerate(zip(_HISTORIES, _PENALTIES)):
         expected = reference_penalties(logits[row], prompt, output, *params)
@@ -179,9 +177,15 @@ def test_all_processors_compose_in_vllm_order():
     stop = pad_rows([[1], [2, 3], [], [0], [6], [7]], fill=-1)
     presence, frequency, repetition = zip(*_PENALTIES)
     md = _history_md(
-        _HISTORIES, logit_bias=bias, has_logit_bias=True, bad_words=right_aligned_words(words, 1, 4),
-        stop_token_ids=stop, is_below_min_tokens=[True, False] * 3, presence_penalty=presence,
-        frequency_penalty=frequency, repetition_penalty=repetition,
+        _HISTORIES,
+        logit_bias=bias,
+        has_logit_bias=True,
+        bad_words=right_aligned_words(words, 1, 4),
+        stop_token_ids=stop,
+        is_below_min_tokens=[True, False] * 3,
+        presence_penalty=presence,
+        frequency_penalty=frequency,
+        repetition_penalty=repetition,
     )
     got = np.asarray(_apply_logits_processors(logits, md))
     for row, (prompt, output) in enumerate(_HISTORIES):

@@ -25,8 +25,14 @@ _apply_top_k_top_p = jax.jit(apply_top_k_top_p)
 
 def _md(num_rows, temperature=1.0, top_k=0, top_p=1.0, seeds=0, positions=0, all_greedy=False, vocab_size=V):
     return make_metadata(
-        num_rows, vocab_size, temperature=temperature, top_k=top_k, top_p=top_p, seeds=seeds,
-        sample_positions=positions, all_greedy=all_greedy,
+        num_rows,
+        vocab_size,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seeds=seeds,
+        sample_positions=positions,
+        all_greedy=all_greedy,
     )
 
 
@@ -195,10 +201,17 @@ def test_greedy_takes_the_argmax_of_the_processed_logits():
     bias = np.zeros((num_rows, V), np.float32)
     bias[8:, 0] = 10.0
     md = make_metadata(
-        num_rows, V, temperature=np.resize([0.0, 0.9], num_rows), seeds=np.arange(num_rows),
-        token_ids=pad_rows([p + o for p, o in histories], 0), num_tokens=[len(p + o) for p, o in histories],
-        num_prompt_tokens=[len(p) for p, _ in histories], repetition_penalty=[4.0] * 8 + [1.0] * 8,
-        presence_penalty=[1.0] * 8 + [0.0] * 8, logit_bias=bias, has_logit_bias=[False] * 8 + [True] * 8,
+        num_rows,
+        V,
+        temperature=np.resize([0.0, 0.9], num_rows),
+        seeds=np.arange(num_rows),
+        token_ids=pad_rows([p + o for p, o in histories], 0),
+        num_tokens=[len(p + o) for p, o in histories],
+        num_prompt_tokens=[len(p) for p, _ in histories],
+        repetition_penalty=[4.0] * 8 + [1.0] * 8,
+        presence_penalty=[1.0] * 8 + [0.0] * 8,
+        logit_bias=bias,
+        has_logit_bias=[False] * 8 + [True] * 8,
     )
     penalized = [reference_penalties(logits[r], p, o, 1.0, 0.0, 4.0) for r, (p, o) in enumerate(histories[:8])]
     expected = np.concatenate([np.stack(penalized), logits[8:] + bias[8:]]).argmax(-1)
@@ -250,10 +263,20 @@ def test_rows_masked_to_one_token_draw_it_without_nan():
     bias = np.full((num_rows, V), -np.inf, np.float32)
     bias[np.arange(num_rows), allowed] = 0.0
     md = make_metadata(
-        num_rows, V, temperature=np.resize([0.0, 0.7, 1.5, 0.05], num_rows), top_k=np.resize([0, 1, 3], num_rows),
-        top_p=np.resize([1.0, 0.3], num_rows), min_p=np.resize([0.0, 0.5, 1.0], num_rows),
-        seeds=np.arange(num_rows), token_ids=allowed[:, None], num_prompt_tokens=0, num_tokens=1,
-        repetition_penalty=1.5, frequency_penalty=2.0, presence_penalty=-2.0, logit_bias=bias,
+        num_rows,
+        V,
+        temperature=np.resize([0.0, 0.7, 1.5, 0.05], num_rows),
+        top_k=np.resize([0, 1, 3], num_rows),
+        top_p=np.resize([1.0, 0.3], num_rows),
+        min_p=np.resize([0.0, 0.5, 1.0], num_rows),
+        seeds=np.arange(num_rows),
+        token_ids=allowed[:, None],
+        num_prompt_tokens=0,
+        num_tokens=1,
+        repetition_penalty=1.5,
+        frequency_penalty=2.0,
+        presence_penalty=-2.0,
+        logit_bias=bias,
         has_logit_bias=True,
     )
     np.testing.assert_array_equal(_sample(logits, md), allowed)

@@ -22,8 +22,9 @@ GREEDY = dict(temperature=0.0)
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     config = tmp_path_factory.mktemp("config") / "serve.yaml"
-    config.write_text(yaml.safe_dump({"served-model-name": ["smollm2", "smol-alias"], "access-log": "json",
-                                      "max_logprobs": 8}))
+    config.write_text(
+        yaml.safe_dump({"served-model-name": ["smollm2", "smol-alias"], "access-log": "json", "max_logprobs": 8})
+    )
     remote = RemoteServer(["--config", str(config)])
     yield remote
     remote.stop(signal.SIGKILL)
@@ -41,12 +42,17 @@ def test_completion(client):
     assert "Paris" in choice.text
     assert choice.finish_reason == "length"
     assert (completion.usage.prompt_tokens, completion.usage.completion_tokens, completion.usage.total_tokens) == (
-        5, 8, 13)
+        5,
+        8,
+        13,
+    )
 
 
 def test_alias_and_default_model_names(client):
-    texts = [client.completions.create(model=name, prompt=PROMPT, max_tokens=4, **GREEDY).choices[0].text
-             for name in ("smollm2", "smol-alias")]
+    texts = [
+        client.completions.create(model=name, prompt=PROMPT, max_tokens=4, **GREEDY).choices[0].text
+        for name in ("smollm2", "smol-alias")
+    ]
     assert texts[0] == texts[1]
     assert [m.id for m in client.models.list().data] == ["smollm2", "smol-alias"]
 
@@ -55,8 +61,9 @@ def test_batch_prompts_and_token_ids(client, server):
     prompts = [PROMPT, "def fibonacci(n):", "1, 2, 3, 4,"]
     batch = client.completions.create(model="smollm2", prompt=prompts, max_tokens=6, **GREEDY)
     assert [c.index for c in batch.choices] == [0, 1, 2]
-    singles = [client.completions.create(model="smollm2", prompt=p, max_tokens=6, **GREEDY).choices[0].text
-               for p in prompts]
+    singles = [
+        client.completions.create(model="smollm2", prompt=p, max_tokens=6, **GREEDY).choices[0].text for p in prompts
+    ]
     assert [c.text for c in batch.choices] == singles
     status, body = server.request("POST", "/tokenize", {"prompt": PROMPT})
     assert status == 200
@@ -71,10 +78,12 @@ def test_batch_prompts_and_token_ids(client, server):
 def test_chat_with_string_and_content_parts(client):
     question = "What is the capital of France? Answer in one word."
     as_string = client.chat.completions.create(
-        model="smollm2", messages=[{"role": "user", "content": question}], max_completion_tokens=8, **GREEDY)
+        model="smollm2", messages=[{"role": "user", "content": question}], max_completion_tokens=8, **GREEDY
+    )
     parts = [{"type": "text", "text": question}]
     as_parts = client.chat.completions.create(
-        model="smollm2", messages=[{"role": "user", "content": parts}], max_tokens=8, **GREEDY)
+        model="smollm2", messages=[{"role": "user", "content": parts}], max_tokens=8, **GREEDY
+    )
     assert as_string.object == "chat.completion"
     message = as_string.choices[0].message
     assert message.role == "assistant" and "Paris" in message.content
@@ -84,8 +93,11 @@ def test_chat_with_string_and_content_parts(client):
 
 def test_completion_stream_with_usage(client):
     whole = client.completions.create(model="smollm2", prompt=PROMPT, max_tokens=10, **GREEDY)
-    chunks = list(client.completions.create(model="smollm2", prompt=PROMPT, max_tokens=10, stream=True,
-                                            stream_options={"include_usage": True}, **GREEDY))
+    chunks = list(
+        client.completions.create(
+            model="smollm2", prompt=PROMPT, max_tokens=10, stream=True, stream_options={"include_usage": True}, **GREEDY
+        )
+    )
     text_chunks = [c for c in chunks if c.choices]
     assert "".join(c.choices[0].text for c in text_chunks) == whole.choices[0].text
     assert text_chunks[-1].choices[0].finish_reason == "length"
@@ -97,8 +109,16 @@ def test_completion_stream_with_usage(client):
 def test_chat_stream_with_usage(client):
     messages = [{"role": "user", "content": "Name a color."}]
     whole = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=8, **GREEDY)
-    chunks = list(client.chat.completions.create(model="smollm2", messages=messages, max_tokens=8, stream=True,
-                                                 stream_options={"include_usage": True}, **GREEDY))
+    chunks = list(
+        client.chat.completions.create(
+            model="smollm2",
+            messages=messages,
+            max_tokens=8,
+            stream=True,
+            stream_options={"include_usage": True},
+            **GREEDY,
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
@@ -116,8 +136,9 @@ def test_n2_seeded_and_reproducible(client):
     assert first.choices[0].text != first.choices[1].text
     assert [c.text for c in first.choices] != [c.text for c in other.choices]
     assert first.usage.completion_tokens == 24
-    chat = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Hi"}],
-                                          n=2, max_tokens=4, seed=5)
+    chat = client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "Hi"}], n=2, max_tokens=4, seed=5
+    )
     assert sorted(c.index for c in chat.choices) == [0, 1]
 
 
@@ -129,8 +150,14 @@ def test_logprobs(client):
     for token, logprob, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs):
         assert 3 <= len(top) <= 4 and top[token] == logprob
         assert logprob == max(top.values())  # greedy: the chosen token is the best one
-    chat = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Hi"}],
-                                          max_tokens=4, logprobs=True, top_logprobs=2, **GREEDY)
+    chat = client.chat.completions.create(
+        model="smollm2",
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=4,
+        logprobs=True,
+        top_logprobs=2,
+        **GREEDY,
+    )
     content = chat.choices[0].logprobs.content
     assert "".join(entry.token for entry in content) == chat.choices[0].message.content
     assert all(len(entry.top_logprobs) == 2 and entry.top_logprobs[0].logprob == entry.logprob for entry in content)
@@ -139,8 +166,9 @@ def test_logprobs(client):
 
 
 def test_echo_with_logprobs(client):
-    completion = client.completions.create(model="smollm2", prompt=PROMPT, max_tokens=3, echo=True, logprobs=1,
-                                           **GREEDY)
+    completion = client.completions.create(
+        model="smollm2", prompt=PROMPT, max_tokens=3, echo=True, logprobs=1, **GREEDY
+    )
     choice = completion.choices[0]
     assert choice.text.startswith(PROMPT) and len(choice.text) > len(PROMPT)
     logprobs = choice.logprobs
@@ -156,16 +184,31 @@ def test_stop_strings(client):
     choice = completion.choices[0]
     assert choice.text == " Paris" and choice.finish_reason == "stop"
     assert choice.model_extra["stop_reason"] == "."
-    kept = client.completions.create(model="smollm2", prompt=PROMPT, max_tokens=16, stop=["."],
-                                     extra_body={"include_stop_str_in_output": True}, **GREEDY)
+    kept = client.completions.create(
+        model="smollm2",
+        prompt=PROMPT,
+        max_tokens=16,
+        stop=["."],
+        extra_body={"include_stop_str_in_output": True},
+        **GREEDY,
+    )
     assert kept.choices[0].text == " Paris."
 
 
 def test_vllm_extra_sampling_fields(client):
     completion = client.completions.create(
-        model="smollm2", prompt=PROMPT, max_tokens=12, temperature=0.7, top_p=0.9, presence_penalty=0.5,
-        frequency_penalty=0.5, logit_bias={"13": -100}, user="tester", seed=1,
-        extra_body={"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.2, "ignore_eos": True, "min_tokens": 12})
+        model="smollm2",
+        prompt=PROMPT,
+        max_tokens=12,
+        temperature=0.7,
+        top_p=0.9,
+        presence_penalty=0.5,
+        frequency_penalty=0.5,
+        logit_bias={"13": -100},
+        user="tester",
+        seed=1,
+        extra_body={"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.2, "ignore_eos": True, "min_tokens": 12},
+    )
     assert completion.usage.completion_tokens == 12 and completion.choices[0].finish_reason == "length"
 
 
@@ -188,8 +231,14 @@ def test_metrics_parse_and_count(server):
     families = {f.name: f for f in text_string_to_metric_families(body.decode())}
     for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
         assert families[f"vjx:{name}"].type == "gauge"
-    for name in ("prompt_tokens", "generation_tokens", "prefix_cache_queries", "prefix_cache_hits",
-                 "num_preemptions", "request_success"):
+    for name in (
+        "prompt_tokens",
+        "generation_tokens",
+        "prefix_cache_queries",
+        "prefix_cache_hits",
+        "num_preemptions",
+        "request_success",
+    ):
         assert families[f"vjx:{name}"].type == "counter"
     for name in ("time_to_first_token_seconds", "time_per_output_token_seconds", "e2e_request_latency_seconds"):
         assert families[f"vjx:{name}"].type == "histogram"
@@ -202,8 +251,23 @@ def test_metrics_parse_and_count(server):
 
 def test_serve_benchmark_against_the_server(server, tmp_path):
     output = tmp_path / "serve.json"
-    code = bench_main(["serve", "--base-url", server.base_url, "--request-rate", "inf", "--num-prompts", "4",
-                       "--input-len", "8", "--output-len", "4", "--output-json", str(output)])
+    code = bench_main(
+        [
+            "serve",
+            "--base-url",
+            server.base_url,
+            "--request-rate",
+            "inf",
+            "--num-prompts",
+            "4",
+            "--input-len",
+            "8",
+            "--output-len",
+            "4",
+            "--output-json",
+            str(output),
+        ]
+    )
     assert code == 0
     result = json.loads(output.read_text())
     assert result["served_model"] == "smollm2" and len(result["runs"]) == 1
@@ -216,9 +280,15 @@ def test_serve_benchmark_against_the_server(server, tmp_path):
 def test_sigterm_drains_the_stream_in_flight(server, client):
     """Runs last: SIGTERM mid-stream; the stream still completes, then the server shuts down
     (uvicorn re-raises the signal once it has finished, as a process ended by SIGTERM)."""
-    stream = client.completions.create(model="smollm2", prompt=PROMPT, max_tokens=40, stream=True,
-                                       stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
-                                       **GREEDY)
+    stream = client.completions.create(
+        model="smollm2",
+        prompt=PROMPT,
+        max_tokens=40,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+        **GREEDY,
+    )
     first = next(iter(stream))
     server.process.send_signal(signal.SIGTERM)
     chunks = [first, *stream]

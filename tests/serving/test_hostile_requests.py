@@ -80,16 +80,39 @@ HOSTILE = [
     ("wrong API key", "/v1/completions", GOOD, {"Authorization": "Bearer wrong"}, 401, None),
     ("wrong key on /metrics", "/metrics", None, {"Authorization": "Bearer wrong"}, 401, None),
     ("chat without messages", "/v1/chat/completions", _chat(messages=[]), {}, 400, "messages"),
-    ("chat unknown role", "/v1/chat/completions", _chat(messages=[{"role": "wizard", "content": "x"}]), {}, 400,
-     "messages"),
-    ("chat image part", "/v1/chat/completions",
-     _chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]), {}, 400,
-     "messages"),
-    ("chat top_logprobs over 20", "/v1/chat/completions", _chat(logprobs=True, top_logprobs=30), {}, 400,
-     "top_logprobs"),
+    (
+        "chat unknown role",
+        "/v1/chat/completions",
+        _chat(messages=[{"role": "wizard", "content": "x"}]),
+        {},
+        400,
+        "messages",
+    ),
+    (
+        "chat image part",
+        "/v1/chat/completions",
+        _chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
+        {},
+        400,
+        "messages",
+    ),
+    (
+        "chat top_logprobs over 20",
+        "/v1/chat/completions",
+        _chat(logprobs=True, top_logprobs=30),
+        {},
+        400,
+        "top_logprobs",
+    ),
     ("chat top_logprobs without logprobs", "/v1/chat/completions", _chat(top_logprobs=2), {}, 400, "top_logprobs"),
-    ("chat max_completion_tokens too big", "/v1/chat/completions", _chat(max_completion_tokens=100000), {}, 400,
-     "max_completion_tokens"),
+    (
+        "chat max_completion_tokens too big",
+        "/v1/chat/completions",
+        _chat(max_completion_tokens=100000),
+        {},
+        400,
+        "max_completion_tokens",
+    ),
     ("chat unknown model", "/v1/chat/completions", _chat(model="nope"), {}, 404, "model"),
     ("tokenize neither prompt nor messages", "/tokenize", {"add_special_tokens": True}, {}, 400, None),
     ("detokenize negative id", "/detokenize", {"tokens": [-1]}, {}, 400, "tokens"),
@@ -99,8 +122,11 @@ HOSTILE = [
 
 @pytest.fixture(scope="module")
 def server():
-    remote = RemoteServer(["--max-request-body-bytes", str(BODY_LIMIT), "--max-header-bytes", str(HEADER_LIMIT),
-                           "--access-log", "off"], env={"VJX_API_KEY": API_KEY}, api_key=API_KEY)
+    remote = RemoteServer(
+        ["--max-request-body-bytes", str(BODY_LIMIT), "--max-header-bytes", str(HEADER_LIMIT), "--access-log", "off"],
+        env={"VJX_API_KEY": API_KEY},
+        api_key=API_KEY,
+    )
     yield remote
     remote.stop()
 
@@ -120,9 +146,17 @@ def test_hostile_requests_get_fast_4xx_while_a_stream_runs(server):
     result = {}
 
     def stream() -> None:
-        chunks = list(client.completions.create(
-            model=MODEL, prompt="Count to ten:", max_tokens=60, temperature=0.0, stream=True,
-            stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+        chunks = list(
+            client.completions.create(
+                model=MODEL,
+                prompt="Count to ten:",
+                max_tokens=60,
+                temperature=0.0,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body={"ignore_eos": True},
+            )
+        )
         result["finish_reason"] = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
         result["usage"] = chunks[-1].usage
 
@@ -153,11 +187,15 @@ def test_health_needs_no_key_and_good_requests_still_work(server):
 async def _stream_raw(server: RemoteServer, drop: bool) -> int:
     """One streamed completion over a raw socket: dropped after its first event, or read to
     `[DONE]`; returns the events read."""
-    body = json.dumps({"prompt": "Tell me a story.", "max_tokens": 150 if drop else 24, "stream": True,
-                       "ignore_eos": True}).encode()
+    body = json.dumps(
+        {"prompt": "Tell me a story.", "max_tokens": 150 if drop else 24, "stream": True, "ignore_eos": True}
+    ).encode()
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 + f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
     await writer.drain()
     num_events = 0
     try:
@@ -189,8 +227,11 @@ def _wait_until_idle(server: RemoteServer, timeout_s: float = 10.0) -> dict[str,
     deadline = time.monotonic() + timeout_s
     while True:
         metrics = server.metrics()
-        idle = (metrics["vjx:kv_cache_usage_perc"], metrics["vjx:num_requests_running"],
-                metrics["vjx:num_requests_waiting"]) == (0.0, 0.0, 0.0)
+        idle = (
+            metrics["vjx:kv_cache_usage_perc"],
+            metrics["vjx:num_requests_running"],
+            metrics["vjx:num_requests_waiting"],
+        ) == (0.0, 0.0, 0.0)
         if idle or time.monotonic() > deadline:
             return metrics
         time.sleep(0.2)
@@ -201,8 +242,11 @@ def test_dropped_non_streaming_request_is_aborted(server):
 
     async def drop_after_start() -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     + f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        writer.write(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
         await writer.drain()
         await asyncio.sleep(1.0)
         writer.close()
@@ -218,8 +262,11 @@ async def _stream_until_engine_dies(server: RemoteServer, engine) -> list[bytes]
     """Streams a long completion, kills the engine after the first event, returns every event."""
     body = json.dumps({"prompt": "Tell me a story.", "max_tokens": 200, "stream": True, "ignore_eos": True}).encode()
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 + f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
     await writer.drain()
     events = []
     try:
@@ -238,8 +285,9 @@ async def _stream_until_engine_dies(server: RemoteServer, engine) -> list[bytes]
 
 def test_dead_engine_ends_streams_with_an_error_and_health_503(server):
     """Runs last: kills the server's engine process mid-stream."""
-    engine = [p for p in psutil.Process(server.process.pid).children()
-              if any("spawn_main" in part for part in p.cmdline())]
+    engine = [
+        p for p in psutil.Process(server.process.pid).children() if any("spawn_main" in part for part in p.cmdline())
+    ]
     assert len(engine) == 1
     events = asyncio.run(asyncio.wait_for(_stream_until_engine_dies(server, engine), 60))
     assert events[-1] == b"data: [DONE]"

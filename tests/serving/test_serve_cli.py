@@ -18,11 +18,17 @@ def _serve_parser() -> argparse.ArgumentParser:
 
 def test_config_file_values_become_typed_defaults(tmp_path):
     path = tmp_path / "serve.yaml"
-    path.write_text("max-model-len: 512\nenable_prefix_caching: false\nserved-model-name: smol\n"
-                    "shutdown-timeout: 5\nhost: 0.0.0.0\n")
+    path.write_text(
+        "max-model-len: 512\nenable_prefix_caching: false\nserved-model-name: smol\n"
+        "shutdown-timeout: 5\nhost: 0.0.0.0\n"
+    )
     assert load_config_file(str(path), _serve_parser()) == {
-        "max_model_len": 512, "enable_prefix_caching": False, "served_model_name": ["smol"],
-        "shutdown_timeout": 5.0, "host": "0.0.0.0"}
+        "max_model_len": 512,
+        "enable_prefix_caching": False,
+        "served_model_name": ["smol"],
+        "shutdown_timeout": 5.0,
+        "host": "0.0.0.0",
+    }
 
 
 def test_command_line_wins_over_the_config_file(tmp_path):
@@ -33,14 +39,17 @@ def test_command_line_wins_over_the_config_file(tmp_path):
     assert ServerArgs.from_cli_args(args).port == 9002
 
 
-@pytest.mark.parametrize("text, message", [
-    ("no-such-flag: 1\n", "'no-such-flag' is not a flag"),
-    ("enable-prefix-caching: 3\n", "must be true or false"),
-    ("max-model-len: lots\n", "'max-model-len' must be of type int"),
-    ("- a\n- b\n", "must hold a mapping"),
-    ("port: [1, 2]\n", "'port' must be a single value"),
-    ("a: [\n", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("no-such-flag: 1\n", "'no-such-flag' is not a flag"),
+        ("enable-prefix-caching: 3\n", "must be true or false"),
+        ("max-model-len: lots\n", "'max-model-len' must be of type int"),
+        ("- a\n- b\n", "must hold a mapping"),
+        ("port: [1, 2]\n", "'port' must be a single value"),
+        ("a: [\n", "not valid YAML"),
+    ],
+)
 def test_bad_config_files_are_refused_by_name(tmp_path, capsys, text, message):
     path = tmp_path / "serve.yaml"
     path.write_text(text)
@@ -53,12 +62,15 @@ def test_missing_config_file(capsys):
     assert "cannot be read" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--port", "70000"], "port must be in [0, 65535]"),
-    (["--access-log", "xml"], "access_log must be one of"),
-    (["--max-request-body-bytes", "10"], "max_request_body_bytes must be at least 1024"),
-    (["--api-key", ""], "api_key must not be empty"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--port", "70000"], "port must be in [0, 65535]"),
+        (["--access-log", "xml"], "access_log must be one of"),
+        (["--max-request-body-bytes", "10"], "max_request_body_bytes must be at least 1024"),
+        (["--api-key", ""], "api_key must not be empty"),
+    ],
+)
 def test_bad_server_flags(flags, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         ServerArgs.from_cli_args(_parse_args(["serve", *flags]))

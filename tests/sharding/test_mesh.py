@@ -53,7 +53,9 @@ def test_kv_head_replicas():
     assert [kv_head_replicas(8, tp) for tp in (1, 2, 4, 8)] == [1, 1, 1, 1]
     assert [kv_head_replicas(1, tp) for tp in (1, 2, 4, 8)] == [1, 2, 4, 8]
     assert kv_head_replicas(2, 8) == 4 and kv_head_replicas(3, 3) == 1
-    with pytest.raises(ValueError, match=r"tensor_parallel_size \(2\) must divide the model's num_key_value_heads \(3\)"):
+    with pytest.raises(
+        ValueError, match=r"tensor_parallel_size \(2\) must divide the model's num_key_value_heads \(3\)"
+    ):
         kv_head_replicas(3, 2)
     with pytest.raises(ValueError, match=r"tensor_parallel_size \(8\) must be a multiple of .* \(3\)"):
         kv_head_replicas(3, 8)
@@ -65,8 +67,16 @@ def test_kv_head_replicas():
     ("overrides", "tp", "message"),
     [
         (dict(), 3, r"must divide the model's num_attention_heads \(8\)"),
-        (dict(num_attention_heads=6, num_key_value_heads=3, hidden_size=48, head_dim=8), 2, r"num_key_value_heads \(3\)"),
-        (dict(vocab_size=300), 8, r"must divide the model's vocab_size \(300\); divisors up to 8: \[1, 2, 3, 4, 5, 6\]"),
+        (
+            dict(num_attention_heads=6, num_key_value_heads=3, hidden_size=48, head_dim=8),
+            2,
+            r"num_key_value_heads \(3\)",
+        ),
+        (
+            dict(vocab_size=300),
+            8,
+            r"must divide the model's vocab_size \(300\); divisors up to 8: \[1, 2, 3, 4, 5, 6\]",
+        ),
         (dict(intermediate_size=100), 8, r"intermediate_size \(100\)"),
     ],
 )

@@ -20,8 +20,15 @@ from vjx.sharding.mesh import make_mesh
 
 
 def _model_config(path, hf_config, load_format="auto") -> ModelConfig:
-    return ModelConfig(model=str(path), tokenizer=str(path), hf_config=hf_config, dtype="float32",
-                       max_model_len=64, seed=0, load_format=load_format)
+    return ModelConfig(
+        model=str(path),
+        tokenizer=str(path),
+        hf_config=hf_config,
+        dtype="float32",
+        max_model_len=64,
+        seed=0,
+        load_format=load_format,
+    )
 
 
 @pytest.fixture()
@@ -52,7 +59,7 @@ def test_safetensors_load_never_places_a_whole_sharded_weight(tmp_path, spies):
     model = get_model(_model_config(tmp_path, tiny_config(2)), ShardedBackend(ReferenceBackend()), mesh=mesh)
     blocks, puts = spies
     assert not puts
-    for shape, shard_shape, block_shape in blocks:
+    for _, shard_shape, block_shape in blocks:
         assert block_shape == shard_shape
     # 4 projections per layer (q/k/v and gate/up fused), the embedding and the LM head: one
     # quarter per device. The 5 norms are replicated, read once.
@@ -82,8 +89,9 @@ def test_dummy_weights_do_not_depend_on_the_mesh():
         # 2 KV heads, each repeated on 4 of the 8 devices with a quarter of its query heads.
         num_q = one_kernel.shape[2] - 2
         assert eight_kernel.shape == (64, 8, num_q // 4 + 2, 8)
-        np.testing.assert_array_equal(one_kernel[:, :, :num_q].reshape(64, -1, 8),
-                                      eight_kernel[:, :, :-2].reshape(64, -1, 8))
+        np.testing.assert_array_equal(
+            one_kernel[:, :, :num_q].reshape(64, -1, 8), eight_kernel[:, :, :-2].reshape(64, -1, 8)
+        )
         np.testing.assert_array_equal(np.repeat(one_kernel[:, :, -2:], 4, axis=1), eight_kernel[:, :, -2:])
         gate_up_one = np.asarray(layer_one.mlp.gate_up_proj.kernel[...])
         np.testing.assert_array_equal(gate_up_one, np.asarray(layer_eight.mlp.gate_up_proj.kernel[...]))

@@ -17,10 +17,18 @@ from vjx.worker.step_layout import PackedBuffer, StepLayout
 NUM_SLOTS, MAX_MODEL_LEN, WIDTH, NUM_GROUPS = 4, 32, 3, 2
 # Two new fields: a per-row sampling field from each request's state, with a padding of its
 # own, and a per-row x k field the runner derives each step.
-TYPICAL_P = StepInput("typical_p", np.float32, Per.ROW, RequestColumn(lambda state: state.seed / 100),
-                      "A made-up sampling parameter.", padding=1.0, metadata=SAMPLING)
-DRAFTS = StepInput("draft_token_ids", np.int32, Per.ROW, Source.STEP, "Made-up draft tokens.",
-                   padding=-1, width=Width("D", 2))
+TYPICAL_P = StepInput(
+    "typical_p",
+    np.float32,
+    Per.ROW,
+    RequestColumn(lambda state: state.seed / 100),
+    "A made-up sampling parameter.",
+    padding=1.0,
+    metadata=SAMPLING,
+)
+DRAFTS = StepInput(
+    "draft_token_ids", np.int32, Per.ROW, Source.STEP, "Made-up draft tokens.", padding=-1, width=Width("D", 2)
+)
 TABLE = STEP_INPUTS.with_inputs(TYPICAL_P, DRAFTS)
 
 
@@ -58,8 +66,11 @@ def test_a_new_field_travels_from_the_host_to_the_device_metadata():
     @jax.jit
     def to_metadata(packed):
         fields = layout.unpack(packed)
-        return (fields["draft_token_ids"], TABLE.sampling_metadata(fields, **_device_fields(layout)),
-                TABLE.attention_metadata(fields, NUM_GROUPS))
+        return (
+            fields["draft_token_ids"],
+            TABLE.sampling_metadata(fields, **_device_fields(layout)),
+            TABLE.attention_metadata(fields, NUM_GROUPS),
+        )
 
     drafts, sampling, attention = to_metadata(jnp.asarray(buffer.data))
     np.testing.assert_array_equal(drafts, [[9, 10], [11, 12], [-1, -1], [-1, -1]])

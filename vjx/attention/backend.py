@@ -21,9 +21,7 @@ class AttentionBackend(Protocol):
     """Logical axis name of each dimension of `kv_cache_shape` (the KV heads: `kv_heads`),
     which the sharding table maps to the mesh."""
 
-    def kv_cache_shape(
-        self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
-    ) -> tuple[int, ...]:
+    def kv_cache_shape(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
         """Shape of one layer's cache array; the layout is the backend's own."""
         ...
 
@@ -66,4 +64,3 @@ def get_attention_backend(name: str | None) -> AttentionBackend:
     if name not in backends:
         raise ValueError(f"attention_backend must be one of {sorted(backends)}, got {name!r}.")
     return backends[name]()
-

@@ -16,11 +16,11 @@ from jaxtyping import Array, Int
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class AttentionMetadata:
-    slot_mapping: Int[Array, "T"]
+    slot_mapping: Int[Array, " T"]
     """Flat cache slot (block_id * block_size + offset) each token's K/V is written to."""
-    query_start_loc: Int[Array, "R1"]
+    query_start_loc: Int[Array, " R1"]
     """Row r's query tokens are [query_start_loc[r], query_start_loc[r + 1])."""
-    seq_lens: Int[Array, "R"]
+    seq_lens: Int[Array, " R"]
     """Keys of row r after this step: cached tokens + this step's tokens."""
     block_tables: Int[Array, "R W"]
     """Row r's KV blocks, in order; entries past the row's last block are 0."""

@@ -30,9 +30,7 @@ class PallasGpuBackend:
     interpret: bool | None = None
     """Run the kernels in Pallas interpret mode; None means "unless the default device is a GPU"."""
 
-    def kv_cache_shape(
-        self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
-    ) -> tuple[int, ...]:
+    def kv_cache_shape(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
         return (2, num_kv_heads, num_blocks, block_size, head_dim)
 
     def forward(
@@ -54,7 +52,14 @@ class PallasGpuBackend:
         if interpret is None:
             interpret = jax.default_backend() != "gpu"
         out = ragged_paged_attention(
-            q, kv_cache, md.query_start_loc, md.seq_lens, md.block_tables, md.num_seqs,
-            scoring=scoring, tuning=self.tuning, interpret=interpret,
+            q,
+            kv_cache,
+            md.query_start_loc,
+            md.seq_lens,
+            md.block_tables,
+            md.num_seqs,
+            scoring=scoring,
+            tuning=self.tuning,
+            interpret=interpret,
         )
         return out, kv_cache

@@ -29,9 +29,7 @@ class PallasTpuBackend:
     """Run JAX's jnp reference of the TPU kernel (any platform, eager only) instead of the
     kernel: how CPU tests check the adapter's layout and argument mapping."""
 
-    def kv_cache_shape(
-        self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
-    ) -> tuple[int, ...]:
+    def kv_cache_shape(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
         return tpu_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_dim)
 
     def forward(
@@ -50,7 +48,13 @@ class PallasTpuBackend:
         scoring = Scoring(sm_scale, sliding_window, soft_cap)
         kv_cache = write_kv_pages(kv_cache, k, v, md.slot_mapping)
         out = tpu_ragged_paged_attention(
-            q, kv_cache, md.query_start_loc, md.seq_lens, md.block_tables, md.num_seqs,
-            scoring=scoring, use_reference=self.use_reference,
+            q,
+            kv_cache,
+            md.query_start_loc,
+            md.seq_lens,
+            md.block_tables,
+            md.num_seqs,
+            scoring=scoring,
+            use_reference=self.use_reference,
         )
         return out, kv_cache

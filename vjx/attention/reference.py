@@ -29,10 +29,10 @@ _MASK_VALUE = -1e30
 class _TokenRows:
     """Each token's row, its position in that row, and whether it is a real token."""
 
-    row: Int[Array, "T"]
-    position: Int[Array, "T"]
+    row: Int[Array, " T"]
+    position: Int[Array, " T"]
     """Index of the token's own key in its row's sequence (end-aligned causal)."""
-    is_valid: Bool[Array, "T"]
+    is_valid: Bool[Array, " T"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,9 +53,7 @@ class ReferenceBackend:
     keys_per_chunk: int = 128
     """Keys (pages * page size) gathered per token in one step of the softmax loop."""
 
-    def kv_cache_shape(
-        self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
-    ) -> tuple[int, ...]:
+    def kv_cache_shape(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
         return (2, num_blocks, block_size, num_kv_heads, head_dim)
 
     def forward(
@@ -95,9 +93,7 @@ class ReferenceBackend:
         q_TKGH = q.reshape(num_tokens, num_kv_heads, num_heads // num_kv_heads, head_dim)
 
         def chunk_step(chunk, carry):
-            pages_RC = jax.lax.dynamic_slice_in_dim(
-                block_tables, chunk * pages_per_chunk, pages_per_chunk, axis=1
-            )
+            pages_RC = jax.lax.dynamic_slice_in_dim(block_tables, chunk * pages_per_chunk, pages_per_chunk, axis=1)
             kv_2TLKH = kv_cache[:, pages_RC[tokens.row]].reshape(
                 2, num_tokens, pages_per_chunk * block_size, num_kv_heads, head_dim
             )
@@ -123,7 +119,7 @@ def write_kv(
     kv_cache: Float[Array, "2 P S K H"],
     k: Float[Array, "T K H"],
     v: Float[Array, "T K H"],
-    slot_mapping: Int[Array, "T"],
+    slot_mapping: Int[Array, " T"],
 ) -> Float[Array, "2 P S K H"]:
     """Scatters each token's k/v row to its flat slot; padding tokens all land in block 0."""
     _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
@@ -169,9 +165,7 @@ def _online_softmax_step(
 ) -> tuple[Array, Array, Array]:
     """Folds one chunk of keys into the running max m, sum l and output acc (all float32)."""
     m_TKG, l_TKG, acc_TKGH = carry
-    s_TKGL = jnp.einsum(
-        "tkgh,tlkh->tkgl", q_TKGH, kv_2TLKH[0], preferred_element_type=jnp.float32
-    )
+    s_TKGL = jnp.einsum("tkgh,tlkh->tkgl", q_TKGH, kv_2TLKH[0], preferred_element_type=jnp.float32)
     s_TKGL = s_TKGL * scoring.sm_scale
     if scoring.soft_cap is not None:
         s_TKGL = scoring.soft_cap * jnp.tanh(s_TKGL / scoring.soft_cap)

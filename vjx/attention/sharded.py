@@ -38,9 +38,7 @@ class ShardedBackend:
     def kv_cache_axes(self) -> tuple[str | None, ...]:
         return self.backend.kv_cache_axes
 
-    def kv_cache_shape(
-        self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
-    ) -> tuple[int, ...]:
+    def kv_cache_shape(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
         return self.backend.kv_cache_shape(num_blocks, block_size, num_kv_heads, head_dim)
 
     def forward(
@@ -67,7 +65,10 @@ class ShardedBackend:
         cache = mesh_spec(mesh, self.backend.kv_cache_axes)
         # The kernels are per-device programs; they carry no replication annotations to check.
         sharded = jax.shard_map(
-            forward, mesh=mesh, in_specs=(heads, kv_heads, kv_heads, cache, PartitionSpec()),
-            out_specs=(heads, cache), check_vma=False,
+            forward,
+            mesh=mesh,
+            in_specs=(heads, kv_heads, kv_heads, cache, PartitionSpec()),
+            out_specs=(heads, cache),
+            check_vma=False,
         )
         return sharded(q, k, v, kv_cache, md)

@@ -29,8 +29,7 @@ class BlockPool:
     def __init__(self, num_gpu_blocks: int, enable_caching: bool) -> None:
         if num_gpu_blocks < 2:
             raise ValueError(
-                f"num_gpu_blocks must be at least 2 (block 0 is the reserved null block), "
-                f"got {num_gpu_blocks}."
+                f"num_gpu_blocks must be at least 2 (block 0 is the reserved null block), got {num_gpu_blocks}."
             )
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
@@ -43,9 +42,7 @@ class BlockPool:
         prefix in the same step each cache their own copy, so one hash may name several."""
         self.prefix_cache_stats = PrefixCacheStats()
 
-    def get_cached_block(
-        self, block_hash: BlockHash, kv_cache_group_ids: Sequence[int]
-    ) -> list[KVCacheBlock] | None:
+    def get_cached_block(self, block_hash: BlockHash, kv_cache_group_ids: Sequence[int]) -> list[KVCacheBlock] | None:
         """One cached block per group for `block_hash`, or None unless every group has one."""
         cached_blocks = []
         for group_id in kv_cache_group_ids:

@@ -10,20 +10,18 @@ import abc
 from collections.abc import Sequence
 
 from vjx.core.block_pool import BlockPool
-from vjx.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, KVCacheSpec
 from vjx.core.kv_cache_utils import BlockHash, KVCacheBlock
 from vjx.core.single_type_kv_cache_manager import (
     SingleTypeKVCacheManager,
     get_manager_for_kv_cache_spec,
 )
+from vjx.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, KVCacheSpec
 
 
 class KVCacheCoordinator(abc.ABC):
     """The per-group managers of every KV cache group, over one shared `BlockPool`."""
 
-    def __init__(
-        self, kv_cache_groups: Sequence[KVCacheGroupSpec], num_gpu_blocks: int, enable_caching: bool
-    ) -> None:
+    def __init__(self, kv_cache_groups: Sequence[KVCacheGroupSpec], num_gpu_blocks: int, enable_caching: bool) -> None:
         if not kv_cache_groups:
             raise ValueError("kv_cache_groups must hold at least one group, got none.")
         block_sizes = sorted({group.kv_cache_spec.block_size for group in kv_cache_groups})
@@ -54,17 +52,10 @@ class KVCacheCoordinator(abc.ABC):
         for manager, blocks in zip(self.single_type_managers, new_computed_blocks):
             manager.save_new_computed_blocks(request_id, blocks)
 
-    def allocate_new_blocks(
-        self, request_id: str, num_tokens: int
-    ) -> tuple[list[KVCacheBlock], ...]:
-        return tuple(
-            manager.allocate_new_blocks(request_id, num_tokens)
-            for manager in self.single_type_managers
-        )
+    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> tuple[list[KVCacheBlock], ...]:
+        return tuple(manager.allocate_new_blocks(request_id, num_tokens) for manager in self.single_type_managers)
 
-    def cache_blocks(
-        self, request_id: str, block_hashes: Sequence[BlockHash], num_tokens: int
-    ) -> None:
+    def cache_blocks(self, request_id: str, block_hashes: Sequence[BlockHash], num_tokens: int) -> None:
         for manager in self.single_type_managers:
             manager.cache_blocks(request_id, block_hashes, num_tokens)
 
@@ -76,18 +67,14 @@ class KVCacheCoordinator(abc.ABC):
         for manager in self.single_type_managers:
             manager.remove_skipped_blocks(request_id, num_computed_tokens)
 
-    def get_num_common_prefix_blocks(
-        self, request_id: str, num_running_requests: int
-    ) -> tuple[int, ...]:
+    def get_num_common_prefix_blocks(self, request_id: str, num_running_requests: int) -> tuple[int, ...]:
         return tuple(
             manager.get_num_common_prefix_blocks(request_id, num_running_requests)
             for manager in self.single_type_managers
         )
 
     def get_blocks(self, request_id: str) -> tuple[list[KVCacheBlock], ...]:
-        return tuple(
-            manager.req_to_blocks.get(request_id, []) for manager in self.single_type_managers
-        )
+        return tuple(manager.req_to_blocks.get(request_id, []) for manager in self.single_type_managers)
 
     def empty_blocks(self) -> tuple[list[KVCacheBlock], ...]:
         return tuple([] for _ in self.single_type_managers)
@@ -112,15 +99,12 @@ class NoPrefixCacheCoordinator(KVCacheCoordinator):
 class UnitaryKVCacheCoordinator(KVCacheCoordinator):
     """Every group has the same attention spec (the common case: one full-attention group)."""
 
-    def __init__(
-        self, kv_cache_groups: Sequence[KVCacheGroupSpec], num_gpu_blocks: int, enable_caching: bool
-    ) -> None:
+    def __init__(self, kv_cache_groups: Sequence[KVCacheGroupSpec], num_gpu_blocks: int, enable_caching: bool) -> None:
         super().__init__(kv_cache_groups, num_gpu_blocks, enable_caching)
         specs = {group.kv_cache_spec for group in kv_cache_groups}
         if len(specs) > 1:
             raise ValueError(
-                f"kv_cache_groups must share one kv_cache_spec for a unitary coordinator, "
-                f"got {len(specs)} specs."
+                f"kv_cache_groups must share one kv_cache_spec for a unitary coordinator, got {len(specs)} specs."
             )
         self._group_ids = tuple(range(len(kv_cache_groups)))
 
@@ -142,17 +126,14 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
     agrees. Full attention goes first: its hit bounds the rest cheaply.
     """
 
-    def __init__(
-        self, kv_cache_groups: Sequence[KVCacheGroupSpec], num_gpu_blocks: int, enable_caching: bool
-    ) -> None:
+    def __init__(self, kv_cache_groups: Sequence[KVCacheGroupSpec], num_gpu_blocks: int, enable_caching: bool) -> None:
         super().__init__(kv_cache_groups, num_gpu_blocks, enable_caching)
         group_ids_by_spec: dict[KVCacheSpec, list[int]] = {}
         for group_id, group in enumerate(kv_cache_groups):
             group_ids_by_spec.setdefault(group.kv_cache_spec, []).append(group_id)
         specs = sorted(group_ids_by_spec, key=lambda s: not isinstance(s, FullAttentionSpec))
         self.attention_groups = tuple(
-            (self.single_type_managers[group_ids_by_spec[spec][0]], tuple(group_ids_by_spec[spec]))
-            for spec in specs
+            (self.single_type_managers[group_ids_by_spec[spec][0]], tuple(group_ids_by_spec[spec])) for spec in specs
         )
         """(a manager of the type, the ids of the groups of that spec), full attention first."""
 

@@ -5,7 +5,6 @@ from collections.abc import Sequence
 
 from vjx.core.block_pool import BlockPool
 from vjx.core.kv_cache_coordinator import get_kv_cache_coordinator
-from vjx.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec
 from vjx.core.kv_cache_utils import (
     KVCacheBlock,
     PrefixCacheStats,
@@ -13,6 +12,7 @@ from vjx.core.kv_cache_utils import (
     hash_request_tokens,
 )
 from vjx.core.request import Request
+from vjx.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,12 +64,8 @@ class KVCacheManager:
         self.hash_fn = get_hash_fn_by_name(hash_algo)
         self.coordinator = get_kv_cache_coordinator(kv_cache_groups, num_gpu_blocks, enable_caching)
         self.block_pool: BlockPool = self.coordinator.block_pool
-        is_full_attention_only = all(
-            type(group.kv_cache_spec) is FullAttentionSpec for group in kv_cache_groups
-        )
-        self._full_attention_manager = (
-            self.coordinator.single_type_managers[0] if is_full_attention_only else None
-        )
+        is_full_attention_only = all(type(group.kv_cache_spec) is FullAttentionSpec for group in kv_cache_groups)
+        self._full_attention_manager = self.coordinator.single_type_managers[0] if is_full_attention_only else None
         """Group 0's manager when every group is full attention (the decode fast path's)."""
         self.empty_kv_cache_blocks = KVCacheBlocks(self.coordinator.empty_blocks())
         """No blocks in any group: one shared instance (callers never mutate it), since most
@@ -151,9 +147,7 @@ class KVCacheManager:
         coordinator.remove_skipped_blocks(request_id, request.num_computed_tokens)
         num_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
         num_tokens_need_slot = min(num_computed_tokens + num_new_tokens, self.max_model_len)
-        num_blocks_to_allocate = coordinator.get_num_blocks_to_allocate(
-            request_id, num_tokens_need_slot, hit_blocks
-        )
+        num_blocks_to_allocate = coordinator.get_num_blocks_to_allocate(request_id, num_tokens_need_slot, hit_blocks)
         if num_blocks_to_allocate > self.block_pool.get_num_free_blocks():
             return None
         # Touch the hits before popping new blocks, so the pop cannot evict them.
@@ -211,9 +205,7 @@ class KVCacheManager:
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         return self.get_blocks(request_id).get_block_ids()
 
-    def get_num_common_prefix_blocks(
-        self, request_id: str, num_running_requests: int
-    ) -> tuple[int, ...]:
+    def get_num_common_prefix_blocks(self, request_id: str, num_running_requests: int) -> tuple[int, ...]:
         """Per group, how many leading blocks of this running request every running request holds.
 
         The runner may compute attention over that shared prefix once (cascade attention).

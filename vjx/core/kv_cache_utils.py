@@ -47,9 +47,7 @@ _HASH_FUNCTIONS: dict[str, HashFunction] = {"sha256": sha256, "blake2b": blake2b
 def get_hash_fn_by_name(hash_algo: str) -> HashFunction:
     """The block hash function named by `hash_algo`: "sha256" or "blake2b"."""
     if hash_algo not in _HASH_FUNCTIONS:
-        raise ValueError(
-            f"hash_algo must be one of {sorted(_HASH_FUNCTIONS)}, got {hash_algo!r}."
-        )
+        raise ValueError(f"hash_algo must be one of {sorted(_HASH_FUNCTIONS)}, got {hash_algo!r}.")
     return _HASH_FUNCTIONS[hash_algo]
 
 
@@ -57,9 +55,7 @@ def make_block_hash_with_group_id(block_hash: BlockHash, group_id: int) -> Block
     return BlockHashWithGroupId(block_hash + group_id.to_bytes(4, "big"))
 
 
-def _hash_block_bytes(
-    hash_fn: HashFunction, parent: BlockHash, token_bytes: bytes, extra: bytes
-) -> BlockHash:
+def _hash_block_bytes(hash_fn: HashFunction, parent: BlockHash, token_bytes: bytes, extra: bytes) -> BlockHash:
     header = _HEADER.pack(len(parent), len(token_bytes) // _TOKEN_BYTES)
     return hash_fn(header + parent + token_bytes + extra)
 
@@ -114,8 +110,8 @@ def hash_request_tokens(
         start = stride
     # Past the first block every parent is a digest of one length: one header for all.
     header = _HEADER.pack(len(parent), block_size)
-    for start in range(start, len(token_bytes), stride):
-        parent = hash_fn(header + parent + token_bytes[start : start + stride])
+    for offset in range(start, len(token_bytes), stride):
+        parent = hash_fn(header + parent + token_bytes[offset : offset + stride])
         new_hashes.append(parent)
     return new_hashes
 

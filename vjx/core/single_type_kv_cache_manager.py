@@ -11,8 +11,8 @@ import itertools
 from collections.abc import Sequence
 
 from vjx.core.block_pool import BlockPool
-from vjx.kv_cache_interface import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
 from vjx.core.kv_cache_utils import BlockHash, KVCacheBlock
+from vjx.kv_cache_interface import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
 
 
 class SingleTypeKVCacheManager(abc.ABC):
@@ -45,9 +45,7 @@ class SingleTypeKVCacheManager(abc.ABC):
         )
         return max(0, num_new_blocks) + num_evictable_computed_blocks
 
-    def save_new_computed_blocks(
-        self, request_id: str, new_computed_blocks: Sequence[KVCacheBlock]
-    ) -> None:
+    def save_new_computed_blocks(self, request_id: str, new_computed_blocks: Sequence[KVCacheBlock]) -> None:
         """Start a new request's block list with its prefix-cache hits (already touched)."""
         if request_id in self.num_cached_block:
             if new_computed_blocks:
@@ -145,9 +143,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
     out of the window of the next token to compute go back to the pool.
     """
 
-    def __init__(
-        self, kv_cache_spec: SlidingWindowSpec, block_pool: BlockPool, kv_cache_group_id: int
-    ):
+    def __init__(self, kv_cache_spec: SlidingWindowSpec, block_pool: BlockPool, kv_cache_group_id: int):
         super().__init__(kv_cache_spec, block_pool, kv_cache_group_id)
         self.sliding_window = kv_cache_spec.sliding_window
         # The next token is part of its own window: it needs sliding_window - 1 cached ones.

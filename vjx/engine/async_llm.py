@@ -48,8 +48,13 @@ class AsyncLLM:
     `EngineDeadError`.
     """
 
-    def __init__(self, engine_args: EngineArgs, start_timeout_s: float = START_TIMEOUT_S, transport: str = "ipc",
-                 stats_listeners: list[RequestStatsListener] | None = None):
+    def __init__(
+        self,
+        engine_args: EngineArgs,
+        start_timeout_s: float = START_TIMEOUT_S,
+        transport: str = "ipc",
+        stats_listeners: list[RequestStatsListener] | None = None,
+    ):
         """`transport`: how to reach the engine process, "ipc" (a private temp dir) or "tcp"
         (127.0.0.1 only). `stats_listeners` are told of every request's adds, outputs and
         aborts."""

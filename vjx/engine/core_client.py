@@ -136,8 +136,9 @@ class MPClient:
 
         self._zmq, self._serial = zmq, serial
         num_replicas = engine_args.data_parallel_size
-        self.engines = [core_proc.EngineProcess(engine_args, transport, data_parallel_rank=rank)
-                        for rank in range(num_replicas)]
+        self.engines = [
+            core_proc.EngineProcess(engine_args, transport, data_parallel_rank=rank) for rank in range(num_replicas)
+        ]
         self.engine = self.engines[0]
         self.context = zmq.Context()
         self.input_sockets = []

@@ -77,8 +77,13 @@ def _replica_config(engine_args: EngineArgs, placement: ReplicaPlacement) -> Vjx
     return engine_args.create_engine_config().for_data_parallel_rank(placement.data_parallel_rank)
 
 
-def run_engine_core(engine_args: bytes, addresses: dict[str, str], cache_options: dict, parent_pid: int,
-                    placement: ReplicaPlacement = ReplicaPlacement()) -> None:
+def run_engine_core(
+    engine_args: bytes,
+    addresses: dict[str, str],
+    cache_options: dict,
+    parent_pid: int,
+    placement: ReplicaPlacement = ReplicaPlacement(),
+) -> None:
     """The child's entry point: set up the process, build EngineCore, report readiness (or
     the error), serve."""
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True, name="vjx-parent-watch").start()
@@ -111,10 +116,12 @@ class EngineCoreProc:
         input_socket.connect(addresses["input"])
         output_socket = context.socket(zmq.PUSH)
         output_socket.connect(addresses["output"])
-        threading.Thread(target=self._receive_inputs, args=(input_socket,), daemon=True,
-                         name="vjx-engine-input").start()
-        self.output_thread = threading.Thread(target=self._send_outputs, args=(output_socket,), daemon=True,
-                                              name="vjx-engine-output")
+        threading.Thread(
+            target=self._receive_inputs, args=(input_socket,), daemon=True, name="vjx-engine-input"
+        ).start()
+        self.output_thread = threading.Thread(
+            target=self._send_outputs, args=(output_socket,), daemon=True, name="vjx-engine-output"
+        )
         self.output_thread.start()
 
     def _receive_inputs(self, socket: zmq.Socket) -> None:
@@ -173,8 +180,9 @@ class EngineCoreProc:
         if call.method == "reset_prefix_cache":
             reset = self.engine_core.reset_prefix_cache()
             return serial.UtilityResult(call.call_id, result=serial.encode_result(reset))
-        return serial.UtilityResult(call.call_id, failure=f"method must be one of "
-                                    f"{sorted(serial.UTILITY_RESULT_TYPES)}, got {call.method!r}.")
+        return serial.UtilityResult(
+            call.call_id, failure=f"method must be one of {sorted(serial.UTILITY_RESULT_TYPES)}, got {call.method!r}."
+        )
 
 
 def _stop(process: multiprocessing.process.BaseProcess, socket_dir: str) -> None:
@@ -222,10 +230,16 @@ class EngineProcess:
         handshake = context.socket(zmq.PULL)
         self.bind(handshake, "handshake")
         placement = replica_placement(self.engine_args, self.data_parallel_rank)
-        args = (serial.encode_dataclass(self.engine_args), self.addresses, process_setup.compilation_cache_options(),
-                os.getpid(), placement)
+        args = (
+            serial.encode_dataclass(self.engine_args),
+            self.addresses,
+            process_setup.compilation_cache_options(),
+            os.getpid(),
+            placement,
+        )
         self.process = multiprocessing.get_context("spawn").Process(
-            target=run_engine_core, args=args, daemon=True, name="VjxEngineCore")
+            target=run_engine_core, args=args, daemon=True, name="VjxEngineCore"
+        )
         self.process.start()
         self._finalizer = weakref.finalize(self, _stop, self.process, self.socket_dir)
         return handshake
@@ -262,7 +276,9 @@ class EngineProcess:
             shutil.rmtree(self.socket_dir, ignore_errors=True)
 
 
-def start_engines(engines: list[EngineProcess], context: zmq.Context, start_timeout_s: float) -> list[serial.EngineReady]:
+def start_engines(
+    engines: list[EngineProcess], context: zmq.Context, start_timeout_s: float
+) -> list[serial.EngineReady]:
     """Spawns every replica's process first, so they load and compile side by side, then
     waits for each handshake; on a failure the others are stopped too."""
     handshakes = [engine.spawn(context) for engine in engines]

@@ -88,8 +88,7 @@ class InputProcessor:
                     f"prompt_token_ids must be a list of ints, got {prompt['prompt_token_ids']!r}."
                 ) from None
         raise ValueError(
-            'prompt must be a str, {"prompt": str} or {"prompt_token_ids": list[int]}, '
-            f"got {prompt!r}."
+            f'prompt must be a str, {{"prompt": str}} or {{"prompt_token_ids": list[int]}}, got {prompt!r}.'
         )
 
     def _validate_prompt(self, prompt_token_ids: list[int]) -> None:
@@ -160,4 +159,3 @@ class InputProcessor:
                 f"{[len(ids) for ids in token_ids]}."
             )
         return token_ids
-

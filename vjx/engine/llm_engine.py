@@ -19,8 +19,9 @@ logger = logging.getLogger(__name__)
 _STATS_INTERVAL_S = 5.0
 
 
-def register_request(output_processor: OutputProcessor, request: EngineCoreRequest,
-                     prompt_text: str | None) -> list[EngineCoreRequest]:
+def register_request(
+    output_processor: OutputProcessor, request: EngineCoreRequest, prompt_text: str | None
+) -> list[EngineCoreRequest]:
     """Starts tracking a request in the output processor; returns what EngineCore must run:
     the request itself, or its n children when `n > 1` (seen as one request outside)."""
     if request.sampling_params.n == 1:

@@ -80,8 +80,10 @@ def encode(kind: bytes, payload: Any) -> list[bytes]:
 def decode(frames: list[bytes]) -> tuple[bytes, Any]:
     """Returns (kind, payload); raises ValueError for an unknown kind or a bad payload."""
     if len(frames) != 2 or frames[0] not in _decoders:
-        raise ValueError(f"message must be [kind, payload] with kind in {sorted(_decoders)}, "
-                         f"got {len(frames)} frames starting {frames[0][:16]!r}.")
+        raise ValueError(
+            f"message must be [kind, payload] with kind in {sorted(_decoders)}, "
+            f"got {len(frames)} frames starting {frames[0][:16]!r}."
+        )
     try:
         return frames[0], _decoders[frames[0]].decode(frames[1])
     except msgspec.MsgspecError as e:

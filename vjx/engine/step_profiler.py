@@ -66,7 +66,10 @@ class StepProfiler:
             phases = ", ".join(f"{name} {means[name] * 1e3:.2f}" for name in PHASES)
             logger.info(
                 "host profile over %d steps, ms per step: %s; host %.2f of %.2f wall",
-                self.num_steps, phases, means["host"] * 1e3, means["wall"] * 1e3,
+                self.num_steps,
+                phases,
+                means["host"] * 1e3,
+                means["wall"] * 1e3,
             )
 
     def means(self) -> dict[str, float]:

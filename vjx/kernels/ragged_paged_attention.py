@@ -91,9 +91,7 @@ class _Splits:
         return jnp.minimum(jnp.maximum(cdiv(num_tiles, self.min_tiles_per_split), 1), max_splits)
 
 
-def _decode_segment(
-    seq_len: Array, split: Array, num_splits: Array, splits: _Splits, walk_args: dict
-) -> tuple:
+def _decode_segment(seq_len: Array, split: Array, num_splits: Array, splits: _Splits, walk_args: dict) -> tuple:
     """The [start, end) keys of segment `split` of a decode row and the walk over them."""
     g = walk_args["geometry"]
     first = splits.first_key(seq_len)
@@ -109,8 +107,20 @@ def _decode_segment(
 
 
 def _decode_kernel(
-    query_start_loc_ref, seq_lens_ref, block_tables_ref, num_seqs_ref, q_ref, kv_ref,
-    acc_ref, m_ref, l_ref, out_ref, *, geometry: Geometry, scoring: Scoring, splits: _Splits,
+    query_start_loc_ref,
+    seq_lens_ref,
+    block_tables_ref,
+    num_seqs_ref,
+    q_ref,
+    kv_ref,
+    acc_ref,
+    m_ref,
+    l_ref,
+    out_ref,
+    *,
+    geometry: Geometry,
+    scoring: Scoring,
+    splits: _Splits,
 ):
     """Program (c, k): segment c // num_seqs of row c % num_seqs, kv head k -> the row's output
     when it has one segment, else the segment's partials at slot c."""
@@ -134,8 +144,13 @@ def _decode_kernel(
         q_mask = full_mask(is_head, geometry.head_dim)
         q = plgpu.load(q_ref.at[q_index], mask=q_mask, other=0).astype(kv_ref.dtype)
         walk_args = dict(
-            kv_ref=kv_ref, block_tables_ref=block_tables_ref, row=row, kv_head=kv_head,
-            q=q, geometry=geometry, scoring=scoring,
+            kv_ref=kv_ref,
+            block_tables_ref=block_tables_ref,
+            row=row,
+            kv_head=kv_head,
+            q=q,
+            geometry=geometry,
+            scoring=scoring,
         )
         walk, first, num_full, end = _decode_segment(seq_len, split, num_splits, splits, walk_args)
         m, l, acc = walk_tiles(walk, first, num_full, end)
@@ -189,9 +204,7 @@ def _merge_row(row: Array, kv_head: Array, refs: _Refs, geometry: Geometry, spli
             _merge_heads(heads, segments, q_start, kv_head, refs, geometry)
 
 
-def _merge_heads(
-    heads: Array, segments: tuple, q_start: Array, kv_head: Array, refs: _Refs, g: Geometry
-):
+def _merge_heads(heads: Array, segments: tuple, q_start: Array, kv_head: Array, refs: _Refs, g: Geometry):
     """Folds query heads `heads` (of kv head `kv_head`) over the segments (slots, is_split)."""
     slots, is_split = segments
     is_head = heads < g.group
@@ -262,9 +275,15 @@ def _prefill_block(qb: _QueryBlock, kv_head: Array, refs: _Refs, g: Geometry, sc
     first_pos = seq_len - (qb.end - qb.start) + (qb.first_token - qb.start)
     last_pos = jnp.minimum(first_pos + g.block_q - 1, seq_len - 1)
     walk = Walk(
-        kv_ref=refs.kv, block_tables_ref=refs.block_tables, row=qb.row, kv_head=kv_head, q=q,
+        kv_ref=refs.kv,
+        block_tables_ref=refs.block_tables,
+        row=qb.row,
+        kv_head=kv_head,
+        q=q,
         positions=first_pos + div(jnp.arange(g.block_m, dtype=jnp.int32), g.group),
-        kv_end=seq_len, geometry=g, scoring=scoring,
+        kv_end=seq_len,
+        geometry=g,
+        scoring=scoring,
     )
     end_tile = cdiv(last_pos + 1, g.block_k)
     if scoring.sliding_window is None:
@@ -277,15 +296,37 @@ def _prefill_block(qb: _QueryBlock, kv_head: Array, refs: _Refs, g: Geometry, sc
 
 
 def _merge_prefill_kernel(
-    query_start_loc_ref, seq_lens_ref, block_tables_ref, num_seqs_ref, q_ref, kv_ref,
-    acc_ref, m_ref, l_ref, _out_in_ref, out_ref, *, prefill: Geometry, decode: Geometry,
-    scoring: Scoring, splits: _Splits, num_blocks: int,
+    query_start_loc_ref,
+    seq_lens_ref,
+    block_tables_ref,
+    num_seqs_ref,
+    q_ref,
+    kv_ref,
+    acc_ref,
+    m_ref,
+    l_ref,
+    _out_in_ref,
+    out_ref,
+    *,
+    prefill: Geometry,
+    decode: Geometry,
+    scoring: Scoring,
+    splits: _Splits,
+    num_blocks: int,
 ):
     """Program (p, k), kv head k: query block num_blocks - 1 - p (the last blocks first) for
     p < num_blocks, else the merge of decode row p - num_blocks."""
     refs = _Refs(
-        query_start_loc_ref, seq_lens_ref, block_tables_ref, num_seqs_ref, q_ref, kv_ref,
-        acc_ref, m_ref, l_ref, out_ref,
+        query_start_loc_ref,
+        seq_lens_ref,
+        block_tables_ref,
+        num_seqs_ref,
+        q_ref,
+        kv_ref,
+        acc_ref,
+        m_ref,
+        l_ref,
+        out_ref,
     )
     program, kv_head = pl.program_id(0), pl.program_id(1)
     # In a decode-only step the only blocks are the padding row's: the programs past them
@@ -343,9 +384,7 @@ class _Step:
             grid=grid,
             input_output_aliases=aliases or {},
             interpret=self.interpret,
-            compiler_params=plgpu.CompilerParams(
-                num_warps=tuning.num_warps, num_stages=tuning.num_stages
-            ),
+            compiler_params=plgpu.CompilerParams(num_warps=tuning.num_warps, num_stages=tuning.num_stages),
             name=kernel.func.__name__.strip("_"),
         )
 
@@ -368,8 +407,8 @@ def _check_shapes(q: Array, kv_cache: Array) -> None:
 def ragged_paged_attention(
     q: Float[Array, "T N H"],
     kv_cache: Float[Array, "2 K P S H"],
-    query_start_loc: Int[Array, "R1"],
-    seq_lens: Int[Array, "R"],
+    query_start_loc: Int[Array, " R1"],
+    seq_lens: Int[Array, " R"],
     block_tables: Int[Array, "R W"],
     num_seqs: Int[Array, "1"],
     *,
@@ -382,21 +421,27 @@ def ragged_paged_attention(
     _, num_heads, head_dim = q.shape
     _, num_kv_heads, _, page_size, _ = kv_cache.shape
     tuning = tuning or default_tuning(head_dim, kv_cache.dtype)
-    step = _Step(
-        q, kv_cache, query_start_loc, seq_lens, block_tables, num_seqs, scoring, interpret
-    )
+    step = _Step(q, kv_cache, query_start_loc, seq_lens, block_tables, num_seqs, scoring, interpret)
     group = num_heads // num_kv_heads
     decode = Geometry(
-        num_kv_heads, group, head_dim, page_size,
-        block_m=max(16, pl.next_power_of_2(group)), block_k=tuning.decode.block_k,
+        num_kv_heads,
+        group,
+        head_dim,
+        page_size,
+        block_m=max(16, pl.next_power_of_2(group)),
+        block_k=tuning.decode.block_k,
     )
     splits = _Splits(
-        tuning.decode_programs, tuning.max_kv_splits, tuning.min_tiles_per_split,
-        decode.block_k, scoring.sliding_window,
+        tuning.decode_programs,
+        tuning.max_kv_splits,
+        tuning.min_tiles_per_split,
+        decode.block_k,
+        scoring.sliding_window,
     )
     buffers = _decode(step, decode, splits, tuning.decode)
     prefill = dataclasses.replace(
-        decode, block_m=max(tuning.prefill.block_m, pl.next_power_of_2(group)),
+        decode,
+        block_m=max(tuning.prefill.block_m, pl.next_power_of_2(group)),
         block_k=tuning.prefill.block_k,
     )
     return _merge_prefill(step, (decode, prefill), splits, tuning.prefill, buffers)
@@ -419,9 +464,7 @@ def _decode(step: _Step, g: Geometry, splits: _Splits, tuning: KernelTuning) -> 
     return launch(*step.metadata, step.q, step.kv_cache)
 
 
-def _merge_prefill(
-    step: _Step, geometries: tuple, splits: _Splits, tuning: KernelTuning, buffers: tuple
-) -> Array:
+def _merge_prefill(step: _Step, geometries: tuple, splits: _Splits, tuning: KernelTuning, buffers: tuple) -> Array:
     """Launch 2: the prefill rows, the split decode rows and the padding tokens, written into
     the decode launch's output in place."""
     decode, prefill = geometries
@@ -434,11 +477,18 @@ def _merge_prefill(
     # Rows are split only when num_seqs <= decode_programs // 2.
     num_merge_rows = min(step.max_rows, splits.decode_programs // 2) if splits.max_kv_splits > 1 else 0
     kernel = functools.partial(
-        _merge_prefill_kernel, prefill=prefill, decode=decode, scoring=step.scoring,
-        splits=splits, num_blocks=num_blocks,
+        _merge_prefill_kernel,
+        prefill=prefill,
+        decode=decode,
+        scoring=step.scoring,
+        splits=splits,
+        num_blocks=num_blocks,
     )
     launch = step.launch(
-        kernel, (num_blocks + num_merge_rows, prefill.num_kv_heads),
-        jax.ShapeDtypeStruct(step.q.shape, step.q.dtype), tuning, aliases={9: 0},
+        kernel,
+        (num_blocks + num_merge_rows, prefill.num_kv_heads),
+        jax.ShapeDtypeStruct(step.q.shape, step.q.dtype),
+        tuning,
+        aliases={9: 0},
     )
     return launch(*step.metadata, step.q, step.kv_cache, *buffers)

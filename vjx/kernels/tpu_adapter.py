@@ -25,7 +25,7 @@ def write_kv_pages(
     kv_pages: Float[Array, "P S K2 H"],
     k: Float[Array, "T K H"],
     v: Float[Array, "T K H"],
-    slot_mapping: Int[Array, "T"],
+    slot_mapping: Int[Array, " T"],
 ) -> Float[Array, "P S K2 H"]:
     """Scatters token t's interleaved k/v heads to flat slot `slot_mapping[t]`."""
     num_pages, page_size, num_combined, head_dim = kv_pages.shape
@@ -38,8 +38,8 @@ def write_kv_pages(
 def tpu_ragged_paged_attention(
     q: Float[Array, "T N H"],
     kv_pages: Float[Array, "P S K2 H"],
-    query_start_loc: Int[Array, "R1"],
-    seq_lens: Int[Array, "R"],
+    query_start_loc: Int[Array, " R1"],
+    seq_lens: Int[Array, " R"],
     block_tables: Int[Array, "R W"],
     num_seqs: Int[Array, "1"],
     *,
@@ -53,8 +53,15 @@ def tpu_ragged_paged_attention(
     """
     attend = tpu_kernel.ref_ragged_paged_attention if use_reference else tpu_kernel.ragged_paged_attention
     out = attend(
-        q, kv_pages, seq_lens, block_tables, query_start_loc, num_seqs,
-        sm_scale=scoring.sm_scale, sliding_window=scoring.sliding_window, soft_cap=scoring.soft_cap,
+        q,
+        kv_pages,
+        seq_lens,
+        block_tables,
+        query_start_loc,
+        num_seqs,
+        sm_scale=scoring.sm_scale,
+        sliding_window=scoring.sliding_window,
+        soft_cap=scoring.soft_cap,
     )
     # The jnp reference returns real tokens only; the kernel leaves padding tokens unspecified.
     out = jnp.pad(out, ((0, q.shape[0] - out.shape[0]), (0, 0), (0, 0)))

@@ -52,9 +52,7 @@ class LlamaArgs:
         num_heads = hf_config.num_attention_heads
         hidden_act = getattr(hf_config, "hidden_act", "silu")
         if hidden_act not in _ACTIVATIONS:
-            raise ValueError(
-                f"hidden_act must be one of {sorted(_ACTIVATIONS)}, got {hidden_act!r}."
-            )
+            raise ValueError(f"hidden_act must be one of {sorted(_ACTIVATIONS)}, got {hidden_act!r}.")
         return cls(
             vocab_size=hf_config.vocab_size,
             hidden_size=hf_config.hidden_size,
@@ -89,7 +87,7 @@ class LlamaAttention(nnx.Module):
     def __call__(
         self,
         x: Float[Array, "T D"],
-        positions: Int[Array, "T"],
+        positions: Int[Array, " T"],
         kv_cache: Array,
         md: AttentionMetadata,
     ) -> tuple[Float[Array, "T D"], Array]:
@@ -97,8 +95,13 @@ class LlamaAttention(nnx.Module):
         q_TNH = self.rotary(q_TNH, positions)
         k_TKH = self.rotary(k_TKH, positions)
         out_TNH, kv_cache = self.backend.forward(
-            q_TNH, k_TKH, v_TKH, kv_cache, md,
-            sm_scale=self.sm_scale, sliding_window=self.sliding_window,
+            q_TNH,
+            k_TKH,
+            v_TKH,
+            kv_cache,
+            md,
+            sm_scale=self.sm_scale,
+            sliding_window=self.sliding_window,
         )
         return self.o_proj(out_TNH), kv_cache
 
@@ -139,7 +142,7 @@ class LlamaDecoderLayer(nnx.Module):
     def __call__(
         self,
         x: Float[Array, "T D"],
-        positions: Int[Array, "T"],
+        positions: Int[Array, " T"],
         kv_cache: Array,
         md: AttentionMetadata,
     ) -> tuple[Float[Array, "T D"], Array]:
@@ -155,17 +158,14 @@ class LlamaModel(nnx.Module):
     def __init__(self, args: LlamaArgs, rotary: RotaryEmbedding, *, dtype, backend, rngs):
         self.embed_tokens = Embedding(args.vocab_size, args.hidden_size, dtype=dtype, rngs=rngs)
         self.layers = nnx.List(
-            [
-                LlamaDecoderLayer(args, rotary, dtype=dtype, backend=backend, rngs=rngs)
-                for _ in range(args.num_layers)
-            ]
+            [LlamaDecoderLayer(args, rotary, dtype=dtype, backend=backend, rngs=rngs) for _ in range(args.num_layers)]
         )
         self.norm = RMSNorm(args.hidden_size, eps=args.rms_norm_eps, dtype=dtype)
 
     def __call__(
         self,
-        input_ids: Int[Array, "T"],
-        positions: Int[Array, "T"],
+        input_ids: Int[Array, " T"],
+        positions: Int[Array, " T"],
         kv_caches: list[Array],
         attn_metadata: list[AttentionMetadata],
     ) -> tuple[Float[Array, "T D"], list[Array]]:
@@ -196,15 +196,19 @@ class LlamaForCausalLM(nnx.Module):
             None
             if args.tie_word_embeddings
             else Linear(
-                "RD,DV->RV", (args.hidden_size, args.vocab_size), ("embed", "vocab"),
-                use_bias=False, dtype=dtype, rngs=rngs,
+                "RD,DV->RV",
+                (args.hidden_size, args.vocab_size),
+                ("embed", "vocab"),
+                use_bias=False,
+                dtype=dtype,
+                rngs=rngs,
             )
         )
 
     def __call__(
         self,
-        input_ids: Int[Array, "T"],
-        positions: Int[Array, "T"],
+        input_ids: Int[Array, " T"],
+        positions: Int[Array, " T"],
         kv_caches: list[Array],
         attn_metadata: list[AttentionMetadata],
     ) -> tuple[Float[Array, "T D"], list[Array]]:

@@ -97,22 +97,16 @@ class _ShapeOnlyRngs(nnx.Rngs):
         return jax.random.key(0)
 
 
-def get_model(
-    model_config: ModelConfig, backend: AttentionBackend, *, mesh: Mesh | None = None
-) -> nnx.Module:
+def get_model(model_config: ModelConfig, backend: AttentionBackend, *, mesh: Mesh | None = None) -> nnx.Module:
     """The model of `model_config` with its weights on the device (or spread over `mesh`)."""
     if model_config.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {model_config.dtype!r}.")
     if model_config.load_format not in LOAD_FORMATS:
-        raise ValueError(
-            f"load_format must be one of {LOAD_FORMATS}, got {model_config.load_format!r}."
-        )
+        raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {model_config.load_format!r}.")
     model_cls = get_model_class(model_config.hf_config)
     dtype = jnp.dtype(DTYPES[model_config.dtype])
     model = nnx.eval_shape(
-        lambda: model_cls(
-            model_config.hf_config, dtype=dtype, backend=backend, rngs=_ShapeOnlyRngs(model_config.seed)
-        )
+        lambda: model_cls(model_config.hf_config, dtype=dtype, backend=backend, rngs=_ShapeOnlyRngs(model_config.seed))
     )
     slots = _param_slots(model)
     placement = _Placement(mesh)
@@ -152,14 +146,20 @@ def _fill_dummy(slots: dict[str, _ParamSlot], seed: int, placement: _Placement) 
         if slot.part:
             continue
         param = slot.param
-        make = _dummy_fn(param.shape, param.dtype, placement.sharding(param),
-                         logical_axes_of(param), placement.kv_head_replicas(param))
+        make = _dummy_fn(
+            param.shape,
+            param.dtype,
+            placement.sharding(param),
+            logical_axes_of(param),
+            placement.kv_head_replicas(param),
+        )
         param.set_value(make(jnp.uint32(seed), jnp.uint32(index)))
 
 
-@functools.lru_cache(maxsize=None)
-def _dummy_fn(shape: tuple[int, ...], dtype: jnp.dtype, sharding: Sharding,
-              logical_axes: tuple[str | None, ...], replicas: int):
+@functools.cache
+def _dummy_fn(
+    shape: tuple[int, ...], dtype: jnp.dtype, sharding: Sharding, logical_axes: tuple[str | None, ...], replicas: int
+):
     """One compiled generator per (shape, dtype, sharding, axes, KV head repeats), shared by
     all layers."""
 
@@ -184,8 +184,7 @@ def _fill_from_safetensors(
                 continue
             if name not in slots:
                 raise ValueError(
-                    f"tensor {name!r} in {path} matches no param of the model; "
-                    f"expected names like {sorted(slots)[:3]}."
+                    f"tensor {name!r} in {path} matches no param of the model; expected names like {sorted(slots)[:3]}."
                 )
             slot = slots[name]
             loaded.add(name)
@@ -208,9 +207,7 @@ def _fill_param(slot: _ParamSlot, parts: list[tuple[str, np.ndarray]], placement
     except ValueError:
         value = None
     if value is None or value.shape != param.shape:
-        raise ValueError(
-            f"tensors with shapes {shapes} do not fit the param's shape {param.shape}."
-        )
+        raise ValueError(f"tensors with shapes {shapes} do not fit the param's shape {param.shape}.")
     value = repeat_kv_heads(value, logical_axes_of(param), placement.kv_head_replicas(param))
     param.set_value(place(value, param.dtype, placement.sharding(param)))
 

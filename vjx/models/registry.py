@@ -23,10 +23,7 @@ def get_model_class(hf_config: Any) -> type[nnx.Module]:
     for name in architectures:
         if name in _MODELS:
             return _MODELS[name]
-    raise ValueError(
-        f"architectures {architectures} are not supported; vjx implements "
-        f"{supported_architectures()}."
-    )
+    raise ValueError(f"architectures {architectures} are not supported; vjx implements {supported_architectures()}.")
 
 
 def verify_tensor_parallel(hf_config: Any, tensor_parallel_size: int) -> None:

@@ -28,12 +28,7 @@ def apply_bad_words(logits: Float[Array, "R V"], md: SamplingMetadata) -> Float[
     """The logits with every banned last token set to -inf."""
     num_rows, vocab_size = logits.shape
     last_RB = md.bad_words[:, :, -1]
-    is_banned_RB = (
-        _prefix_matches(md)
-        & (last_RB >= 0)
-        & (last_RB < vocab_size)
-        & (md.num_tokens > 0)[:, None]
-    )
+    is_banned_RB = _prefix_matches(md) & (last_RB >= 0) & (last_RB < vocab_size) & (md.num_tokens > 0)[:, None]
     # Words not banned scatter to column V, which `mode="drop"` discards.
     index_RB = jnp.where(is_banned_RB, last_RB, vocab_size)
     rows_R1 = jnp.arange(num_rows, dtype=jnp.int32)[:, None]

@@ -15,8 +15,8 @@ from jaxtyping import Array, Float, Int
 
 
 def compute_logprobs(
-    logits: Float[Array, "R V"], token_ids: Int[Array, "R"], num_logprobs: int
-) -> tuple[Int[Array, "R K1"], Float[Array, "R K1"], Int[Array, "R"]]:
+    logits: Float[Array, "R V"], token_ids: Int[Array, " R"], num_logprobs: int
+) -> tuple[Int[Array, "R K1"], Float[Array, "R K1"], Int[Array, " R"]]:
     """(ids, logprobs, ranks) of the float32 log-softmax of `logits`.
 
     Column 0 of `ids`/`logprobs` is the chosen token (`token_ids`, in [0, V)); columns

@@ -17,7 +17,7 @@ makes it greedy. A row of zeros is therefore a valid padding row. Real rows alwa
 
 import dataclasses
 
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import Array, Float, Int
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -40,7 +40,7 @@ class SamplingMetadata:
     token_ids: Int[Array, "R L"]
     """int32; prompt then output tokens, left-aligned. Columns >= num_tokens are ignored
     (any value); ids outside [0, V) are ignored too."""
-    num_tokens: Int[Array, "R"]
+    num_tokens: Int[Array, " R"]
     """int32 <= L; valid columns of token_ids (prompt + output). 0 marks a padding row."""
 
     # Logit bias and allowed tokens, folded into one dense additive bias per request by the
@@ -49,7 +49,7 @@ class SamplingMetadata:
     logit_bias: Float[Array, "N V"]
     """float32; a request's logit_bias, and -inf for every token outside its
     allowed_token_ids; 0 elsewhere."""
-    logit_bias_rows: Int[Array, "R"]
+    logit_bias_rows: Int[Array, " R"]
     """int32; the table row of each sampled row (read only where has_logit_bias)."""
 
     # Bad words: each word's token ids, RIGHT-aligned (its last token in column W - 1),

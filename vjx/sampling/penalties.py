@@ -20,9 +20,7 @@ from vjx.sampling.metadata import SamplingMetadata
 
 def has_penalties(md: SamplingMetadata) -> Bool[Array, ""]:
     """Whether any real row (one with a history) has a non-neutral penalty."""
-    is_penalized_R = (
-        (md.repetition_penalty != 1.0) | (md.frequency_penalty != 0.0) | (md.presence_penalty != 0.0)
-    )
+    is_penalized_R = (md.repetition_penalty != 1.0) | (md.frequency_penalty != 0.0) | (md.presence_penalty != 0.0)
     return jnp.any(is_penalized_R & (md.num_tokens > 0))
 
 
@@ -41,18 +39,12 @@ def token_counts(md: SamplingMetadata, vocab_size: int) -> tuple[Bool[Array, "R 
     """(token occurs in prompt or output, int32 occurrences in the output) per row and token."""
     num_rows, history_len = md.token_ids.shape
     position_RL = jnp.arange(history_len, dtype=jnp.int32)[None, :]
-    is_valid_RL = (
-        (position_RL < md.num_tokens[:, None]) & (md.token_ids >= 0) & (md.token_ids < vocab_size)
-    )
+    is_valid_RL = (position_RL < md.num_tokens[:, None]) & (md.token_ids >= 0) & (md.token_ids < vocab_size)
     is_output_RL = is_valid_RL & (position_RL >= md.num_prompt_tokens[:, None])
     rows_R1 = jnp.arange(num_rows, dtype=jnp.int32)[:, None]
     # Ignored entries scatter to column V, which `mode="drop"` discards.
     seen_index_RL = jnp.where(is_valid_RL, md.token_ids, vocab_size)
     output_index_RL = jnp.where(is_output_RL, md.token_ids, vocab_size)
-    is_seen_RV = (
-        jnp.zeros((num_rows, vocab_size), jnp.bool_).at[rows_R1, seen_index_RL].set(True, mode="drop")
-    )
-    output_counts_RV = (
-        jnp.zeros((num_rows, vocab_size), jnp.int32).at[rows_R1, output_index_RL].add(1, mode="drop")
-    )
+    is_seen_RV = jnp.zeros((num_rows, vocab_size), jnp.bool_).at[rows_R1, seen_index_RL].set(True, mode="drop")
+    output_counts_RV = jnp.zeros((num_rows, vocab_size), jnp.int32).at[rows_R1, output_index_RL].add(1, mode="drop")
     return is_seen_RV, output_counts_RV

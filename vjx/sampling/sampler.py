@@ -31,7 +31,7 @@ _LOGITS_PROCESSORS = (
 """(is used by some row, apply) in vLLM's order: the processors that can change the argmax."""
 
 
-def sample(logits: Float[Array, "R V"], md: SamplingMetadata) -> Int[Array, "R"]:
+def sample(logits: Float[Array, "R V"], md: SamplingMetadata) -> Int[Array, " R"]:
     """Picks one int32 token per row.
 
     Pipeline, per row, in vLLM's order (each step a no-op for rows that do not use it):
@@ -73,22 +73,20 @@ def _unchanged(logits: Float[Array, "R V"], md: SamplingMetadata) -> Float[Array
     return logits
 
 
-def _argmax(logits: Float[Array, "R V"]) -> Int[Array, "R"]:
+def _argmax(logits: Float[Array, "R V"]) -> Int[Array, " R"]:
     return jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
 
-def _greedy(logits: Float[Array, "R V"], md: SamplingMetadata) -> Int[Array, "R"]:
+def _greedy(logits: Float[Array, "R V"], md: SamplingMetadata) -> Int[Array, " R"]:
     """Every row greedy. Without a processor in use the raw logits are read once and never
     copied (a processor's `lax.cond` must copy logits that the caller still reads)."""
     if not md.may_process:
         return _argmax(logits)
     is_processed = jnp.any(jnp.stack([is_used(md) for is_used, _ in _LOGITS_PROCESSORS]))
-    return lax.cond(
-        is_processed, lambda: _argmax(apply_logits_processors(logits, md)), lambda: _argmax(logits)
-    )
+    return lax.cond(is_processed, lambda: _argmax(apply_logits_processors(logits, md)), lambda: _argmax(logits))
 
 
-def _draw(processed: Float[Array, "R V"], md: SamplingMetadata) -> Int[Array, "R"]:
+def _draw(processed: Float[Array, "R V"], md: SamplingMetadata) -> Int[Array, " R"]:
     """Steps d to f of `sample`; greedy rows draw too (at temperature 1), to be discarded."""
     # Greedy rows divide by 1 so that they stay finite.
     temperature_R = jnp.where(md.temperature < _SAMPLING_EPS, 1.0, md.temperature).astype(jnp.float32)

@@ -51,24 +51,26 @@ class SubsetShape:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class FilterParams:
-    temperature: Float[Array, "R"]
+    temperature: Float[Array, " R"]
     """Positive: greedy rows draw at 1, to be discarded."""
-    min_p: Float[Array, "R"]
-    top_k: Int[Array, "R"]
-    top_p: Float[Array, "R"]
+    min_p: Float[Array, " R"]
+    top_k: Int[Array, " R"]
+    top_p: Float[Array, " R"]
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class FilterThresholds:
-    logit: Float[Array, "R"]
+    logit: Float[Array, " R"]
     """Keep processed logits >= this (min-p and top-k); -inf keeps all."""
-    scaled: Float[Array, "R"]
+    scaled: Float[Array, " R"]
     """Keep scaled logits >= this (top-p); -inf keeps all."""
 
 
 def filter_thresholds(
-    processed: Float[Array, "R V"], scaled: Float[Array, "R V"], params: FilterParams,
+    processed: Float[Array, "R V"],
+    scaled: Float[Array, "R V"],
+    params: FilterParams,
     subset: SubsetShape = SubsetShape(),
 ) -> FilterThresholds:
     """The thresholds of min-p, then top-k, then top-p (on what the first two keep).
@@ -105,7 +107,7 @@ def filter_mask(
 
 def _subset_thresholds(
     processed: Float[Array, "R V"], scaled: Float[Array, "R V"], params: FilterParams, subset: SubsetShape
-) -> tuple[FilterThresholds, Bool[Array, "R"]]:
+) -> tuple[FilterThresholds, Bool[Array, " R"]]:
     """The thresholds found on each row's subset, and whether each row's are exact."""
     num_rows, vocab_size = processed.shape
     shape_RCS = (num_rows, vocab_size // subset.chunk_size, subset.chunk_size)
@@ -132,9 +134,12 @@ def _subset_thresholds(
 
 
 def _thresholds(
-    processed_RX: Float[Array, "R X"], scaled_RX: Float[Array, "R X"],
-    processed_RV: Float[Array, "R V"], scaled_RV: Float[Array, "R V"], params: FilterParams,
-) -> tuple[FilterThresholds, Float[Array, "R"]]:
+    processed_RX: Float[Array, "R X"],
+    scaled_RX: Float[Array, "R X"],
+    processed_RV: Float[Array, "R V"],
+    scaled_RV: Float[Array, "R V"],
+    params: FilterParams,
+) -> tuple[FilterThresholds, Float[Array, " R"]]:
     """The thresholds searched on the candidates `*_RX` (every row's largest logits), with the
     top-p target summed over the whole rows `*_RV`; also the top-k threshold alone."""
     vocab_size = processed_RV.shape[-1]
@@ -154,19 +159,17 @@ def _thresholds(
         is_kept = processed >= logit_R[:, None]
         return jnp.where(is_kept, jnp.exp(scaled - max_scaled_R[:, None]), 0.0)
 
-    def top_p_threshold() -> Float[Array, "R"]:
+    def top_p_threshold() -> Float[Array, " R"]:
         target_R = params.top_p * jnp.sum(weights(processed_RV, scaled_RV), axis=-1)
         return _top_p_threshold(weights(processed_RX, scaled_RX), scaled_RX, target_R)
 
     is_top_p_R = params.top_p < 1.0
-    scaled_threshold_R = lax.cond(
-        jnp.any(is_top_p_R), top_p_threshold, lambda: jnp.full_like(min_p_R, -jnp.inf)
-    )
+    scaled_threshold_R = lax.cond(jnp.any(is_top_p_R), top_p_threshold, lambda: jnp.full_like(min_p_R, -jnp.inf))
     scaled_threshold_R = jnp.where(is_top_p_R, scaled_threshold_R, -jnp.inf)
     return FilterThresholds(logit_R, scaled_threshold_R), top_k_R
 
 
-def _min_p_threshold(processed: Float[Array, "R X"], params: FilterParams) -> Float[Array, "R"]:
+def _min_p_threshold(processed: Float[Array, "R X"], params: FilterParams) -> Float[Array, " R"]:
     """Keeps tokens with probability >= min_p x the largest, at the row's temperature.
 
     exp((x - max) / t) >= min_p, compared as x >= max + t log(min_p) on the logits before
@@ -176,25 +179,25 @@ def _min_p_threshold(processed: Float[Array, "R X"], params: FilterParams) -> Fl
     return jnp.max(processed, axis=-1) + params.temperature * jnp.log(params.min_p)
 
 
-def _top_k_threshold(logits: Float[Array, "R X"], top_k: Int[Array, "R"]) -> Float[Array, "R"]:
+def _top_k_threshold(logits: Float[Array, "R X"], top_k: Int[Array, " R"]) -> Float[Array, " R"]:
     """The largest t with at least k logits >= t: the k-th largest logit."""
 
-    def is_kept(t_R: Float[Array, "R"]) -> Bool[Array, "R"]:
+    def is_kept(t_R: Float[Array, " R"]) -> Bool[Array, " R"]:
         return jnp.sum(logits >= t_R[:, None], axis=-1, dtype=jnp.int32) >= top_k
 
     return _largest_kept(jnp.min(logits, axis=-1), is_kept)
 
 
 def _top_p_threshold(
-    weight_RX: Float[Array, "R X"], scaled_RX: Float[Array, "R X"], target_R: Float[Array, "R"]
-) -> Float[Array, "R"]:
+    weight_RX: Float[Array, "R X"], scaled_RX: Float[Array, "R X"], target_R: Float[Array, " R"]
+) -> Float[Array, " R"]:
     """The smallest scaled logit among the most likely tokens whose weights hold >= target.
 
     The search finds the weight w of that token; the mask compares scaled logits, whose order
     the weights follow, so the threshold is the smallest scaled logit of weight >= w.
     """
 
-    def is_kept(t_R: Float[Array, "R"]) -> Bool[Array, "R"]:
+    def is_kept(t_R: Float[Array, " R"]) -> Bool[Array, " R"]:
         mass_R = jnp.sum(jnp.where(weight_RX >= t_R[:, None], weight_RX, 0.0), axis=-1)
         return (mass_R >= target_R) & (mass_R > 0.0)
 
@@ -204,8 +207,8 @@ def _top_p_threshold(
 
 
 def _largest_kept(
-    floor_R: Float[Array, "R"], is_kept: Callable[[Float[Array, "R"]], Bool[Array, "R"]]
-) -> Float[Array, "R"]:
+    floor_R: Float[Array, " R"], is_kept: Callable[[Float[Array, " R"]], Bool[Array, " R"]]
+) -> Float[Array, " R"]:
     """The largest t >= floor (per row, in floor's dtype) with `is_kept(t)`.
 
     `is_kept` must hold at `floor` and be monotone: true up to the answer, false above it.
@@ -217,7 +220,7 @@ def _largest_kept(
     key_dtype, key_bits = _KEY_DTYPES[floor_R.dtype.itemsize]
     floor_key_R = _to_key(floor_R)
 
-    def settle_digit(i: Int[Array, ""], key_R: Shaped[Array, "R"]) -> Shaped[Array, "R"]:
+    def settle_digit(i: Int[Array, ""], key_R: Shaped[Array, " R"]) -> Shaped[Array, " R"]:
         shift = (key_bits - (i + 1) * _BITS_PER_PASS).astype(key_dtype)
         digit_R = jnp.zeros_like(key_R)
         for digit in range(1, 2**_BITS_PER_PASS):

@@ -61,7 +61,7 @@ def repeat_kv_heads(tensor, logical_axes: tuple[str | None, ...], replicas: int)
     num_q = tensor.shape[axis + 1] - 2
     q, kv = xp.split(tensor, [num_q], axis=axis + 1)
     shape = q.shape
-    q = q.reshape(*shape[:axis], shape[axis] * replicas, num_q // replicas, *shape[axis + 2:])
+    q = q.reshape(*shape[:axis], shape[axis] * replicas, num_q // replicas, *shape[axis + 2 :])
     return xp.concatenate([q, xp.repeat(kv, replicas, axis=axis)], axis=axis + 1)
 
 
@@ -81,6 +81,6 @@ def filled(shape: tuple[int, ...], dtype, value, sharding: Sharding) -> jax.Arra
     return _filled_fn(tuple(shape), jnp.dtype(dtype), value, sharding)()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _filled_fn(shape: tuple[int, ...], dtype, value, sharding: Sharding):
     return jax.jit(lambda: jnp.full(shape, value, dtype), out_shardings=sharding)

@@ -34,9 +34,7 @@ def logical_to_mesh_axes(logical_axes: Sequence[str | None]) -> PartitionSpec:
     mesh_axes = []
     for name in logical_axes:
         if name is not None and name not in LOGICAL_AXIS_RULES:
-            raise ValueError(
-                f"logical_axes holds {name!r}, which is not one of {sorted(LOGICAL_AXIS_RULES)}."
-            )
+            raise ValueError(f"logical_axes holds {name!r}, which is not one of {sorted(LOGICAL_AXIS_RULES)}.")
         mesh_axes.append(None if name is None else LOGICAL_AXIS_RULES[name])
     return PartitionSpec(*mesh_axes)
 

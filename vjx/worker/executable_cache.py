@@ -156,11 +156,13 @@ class ExecutableCache:
             return None
         try:
             payload, in_tree, out_tree = pickle.loads(path.read_bytes())
-            return serialize_executable.deserialize_and_load(payload, in_tree, out_tree,
-                                                             execution_devices=self._devices)
+            return serialize_executable.deserialize_and_load(
+                payload, in_tree, out_tree, execution_devices=self._devices
+            )
         except Exception as error:  # any bad entry means: compile instead
-            logger.warning("ignoring the cached executable %s (%s: %s); compiling instead",
-                           path, type(error).__name__, error)
+            logger.warning(
+                "ignoring the cached executable %s (%s: %s); compiling instead", path, type(error).__name__, error
+            )
             path.unlink(missing_ok=True)
             return None
 

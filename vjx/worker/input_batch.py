@@ -40,8 +40,14 @@ class InputBatch:
     buffers are the runner's own bookkeeping.
     """
 
-    def __init__(self, max_num_reqs: int, max_model_len: int, max_num_blocks_per_req: int,
-                 num_kv_cache_groups: int = 1, table: StepInputTable = STEP_INPUTS):
+    def __init__(
+        self,
+        max_num_reqs: int,
+        max_model_len: int,
+        max_num_blocks_per_req: int,
+        num_kv_cache_groups: int = 1,
+        table: StepInputTable = STEP_INPUTS,
+    ):
         self.max_num_reqs = max_num_reqs
         self.table = table
         self.req_ids: list[str | None] = [None] * max_num_reqs
@@ -115,7 +121,6 @@ class InputBatch:
 
 def _uses_general_step(params: SamplingParams) -> bool:
     uses_filter = params.top_k > 0 or params.top_p < 1.0 or params.min_p > 0.0
-    uses_penalty = (params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
-                    or params.repetition_penalty != 1.0)
+    uses_penalty = params.presence_penalty != 0.0 or params.frequency_penalty != 0.0 or params.repetition_penalty != 1.0
     uses_table = bool(params.logit_bias or params.allowed_token_ids or params.bad_words_token_ids)
     return uses_filter or uses_penalty or uses_table or params.logprobs is not None

@@ -22,8 +22,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vjx.config import VjxConfig
-from vjx.kv_cache_interface import KVCacheConfig
 from vjx.core.sched.output import CachedRequestData, SchedulerOutput
+from vjx.kv_cache_interface import KVCacheConfig
 from vjx.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vjx.sharding.placement import filled
 from vjx.worker.compile_watch import CompileWatch
@@ -45,8 +45,14 @@ class ModelRunner:
     the packed inputs, the previous step's tokens) is replicated over `mesh`.
     """
 
-    def __init__(self, config: VjxConfig, model: nnx.Module, kv_caches: dict[str, jax.Array], mesh: Mesh,
-                 kv_cache_config: KVCacheConfig):
+    def __init__(
+        self,
+        config: VjxConfig,
+        model: nnx.Module,
+        kv_caches: dict[str, jax.Array],
+        mesh: Mesh,
+        kv_cache_config: KVCacheConfig,
+    ):
         """`kv_caches`: one array per layer name, in model order, in the attention backend's
         layout, on `mesh`; `kv_cache_config` groups the layers, each group with its own block
         table."""
@@ -62,13 +68,18 @@ class ModelRunner:
         self.requests: dict[str, CachedRequestState] = {}
         self.kv_caches = list(kv_caches.values())
         self.history = filled((self.max_num_reqs, sched.max_model_len), np.int32, 0, self.replicated)
-        self.slot_tables = SlotTables(self.max_num_reqs, config.model_config.hf_config.vocab_size,
-                                      self.replicated)
+        self.slot_tables = SlotTables(self.max_num_reqs, config.model_config.hf_config.vocab_size, self.replicated)
         self.graphdef, state = nnx.split(model)
         self.param_leaves, self.treedef = jax.tree.flatten(state)
         self.layouts = {
-            t: StepLayout(t, min(t, self.max_num_reqs), self.max_num_reqs, max_blocks,
-                          config.model_config.max_logprobs, self.num_kv_cache_groups)
+            t: StepLayout(
+                t,
+                min(t, self.max_num_reqs),
+                self.max_num_reqs,
+                max_blocks,
+                config.model_config.max_logprobs,
+                self.num_kv_cache_groups,
+            )
             for t in token_buckets(sched.max_num_batched_tokens)
         }
         # Two host buffers per bucket, used in turn: the CPU backend may alias a numpy array
@@ -126,7 +137,11 @@ class ModelRunner:
         step = self._compiled[layout.num_tokens, self._features(buffer.fields, rows, record)]
         with self.compile_watch:
             self.kv_caches, self.history, sampled, logprobs, prompt_logprobs = step(
-                self.param_leaves, self.kv_caches, self.history, self.slot_tables.arrays, self._last_sampled,
+                self.param_leaves,
+                self.kv_caches,
+                self.history,
+                self.slot_tables.arrays,
+                self._last_sampled,
                 self._to_device(buffer.data),
             )
         self._last_sampled = sampled
@@ -236,8 +251,9 @@ class ModelRunner:
         prev_sampled_index[is_pending] = self._sample_index_by_slot[token_rows[is_pending]]
         num_pending = np.bincount(row_of_token[is_pending], minlength=num_rows)
         targets = np.full(total, -1, np.int32)
-        has_target = ((batch.num_prompt_logprobs[token_rows] >= 0)
-                      & (positions + 1 < batch.num_prompt_tokens[token_rows]))
+        has_target = (batch.num_prompt_logprobs[token_rows] >= 0) & (
+            positions + 1 < batch.num_prompt_tokens[token_rows]
+        )
         targets[has_target] = batch.token_ids_cpu[token_rows[has_target], positions[has_target] + 1]
         query_start_loc = np.full(layout.num_reqs + 1, total, np.int32)
         query_start_loc[0] = 0
@@ -273,11 +289,11 @@ class ModelRunner:
         """Per KV cache group, the cache slot each token's K/V goes to: `[G, tokens]`."""
         block_index, offsets = positions // self.block_size, positions % self.block_size
         tables = self.input_batch.block_table.block_tables
-        return np.stack([table.block_table[token_rows, block_index] * self.block_size + offsets
-                         for table in tables])
+        return np.stack([table.block_table[token_rows, block_index] * self.block_size + offsets for table in tables])
 
-    def _prepare_sampling(self, rows: np.ndarray, logits_indices: np.ndarray,
-                          num_pending: np.ndarray) -> dict[str, np.ndarray]:
+    def _prepare_sampling(
+        self, rows: np.ndarray, logits_indices: np.ndarray, num_pending: np.ndarray
+    ) -> dict[str, np.ndarray]:
         """The sampled rows' values the step derives (the request columns are copied as they are)."""
         batch = self.input_batch
         num_outputs = batch.num_tokens[rows] + num_pending - batch.num_prompt_tokens[rows]
@@ -296,8 +312,9 @@ class ModelRunner:
         """
         num_rows = len(record.req_ids)
         tokens = np.asarray(sampled)[:num_rows]
-        sampled_token_ids = [[token] if is_sampling else []
-                             for token, is_sampling in zip(tokens.tolist(), record.is_sampling.tolist())]
+        sampled_token_ids = [
+            [token] if is_sampling else [] for token, is_sampling in zip(tokens.tolist(), record.is_sampling.tolist())
+        ]
         self._append_sampled_tokens(record, tokens)
         output = ModelRunnerOutput(record.req_ids, dict(zip(record.req_ids, range(num_rows))), sampled_token_ids)
         collect_logprobs(record, logprobs, prompt_logprobs, self.requests, output)

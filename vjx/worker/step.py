@@ -31,8 +31,9 @@ from vjx.worker.step_layout import StepLayout
 _PROMPT_LOGITS_CHUNK = 256
 
 
-def _sampling_metadata(layout: StepLayout, f: dict[str, Array], history: Int[Array, "N L"],
-                       slot_tables: tuple[Array, Array]) -> SamplingMetadata:
+def _sampling_metadata(
+    layout: StepLayout, f: dict[str, Array], history: Int[Array, "N L"], slot_tables: tuple[Array, Array]
+) -> SamplingMetadata:
     """The table's sampling fields, and those computed here. Sampled row i is attention row i
     (rows are in the same order); padding rows have no tokens, so no penalty touches them.
     The history is gathered only when some row needs it; the bias table goes to the sampler
@@ -42,8 +43,9 @@ def _sampling_metadata(layout: StepLayout, f: dict[str, Array], history: Int[Arr
     num_tokens = jnp.where(jnp.arange(rs) < f["num_seqs"][0], f["seq_lens"][:rs], 0)
     bad_words = slot_bad_words[f["sample_slots"]]
     # Penalties count the history; a bad word of several tokens matches its end.
-    needs_history = jnp.any((f["presence_penalty"] != 0) | (f["frequency_penalty"] != 0)
-                            | (f["repetition_penalty"] != 1)) | jnp.any(bad_words[:, :, :-1] >= 0)
+    needs_history = jnp.any(
+        (f["presence_penalty"] != 0) | (f["frequency_penalty"] != 0) | (f["repetition_penalty"] != 1)
+    ) | jnp.any(bad_words[:, :, :-1] >= 0)
     no_history = jnp.zeros((rs, history.shape[1]), jnp.int32)
     token_ids = no_history
     if layout.features.may_process:
@@ -60,7 +62,7 @@ def _sampling_metadata(layout: StepLayout, f: dict[str, Array], history: Int[Arr
     )
 
 
-Logprobs = tuple[Int[Array, "R K1"], Float[Array, "R K1"], Int[Array, "R"]]
+Logprobs = tuple[Int[Array, "R K1"], Float[Array, "R K1"], Int[Array, " R"]]
 """Per row: the top ids (the sampled or target token first), their logprobs, its rank."""
 
 
@@ -72,8 +74,9 @@ def _empty_logprobs(num_rows: int, k: int) -> Logprobs:
     )
 
 
-def _sample_logprobs(layout: StepLayout, logits: Float[Array, "R V"], sampled: Int[Array, "R"],
-                     num_logprobs: Int[Array, "R"]) -> Logprobs:
+def _sample_logprobs(
+    layout: StepLayout, logits: Float[Array, "R V"], sampled: Int[Array, " R"], num_logprobs: Int[Array, " R"]
+) -> Logprobs:
     """Logprobs of the raw logits for the sampled tokens, when some row asked for them."""
     if not layout.features.has_logprobs:
         return _empty_logprobs(layout.num_reqs, layout.max_logprobs)
@@ -84,7 +87,7 @@ def _sample_logprobs(layout: StepLayout, logits: Float[Array, "R V"], sampled: I
     )
 
 
-def _prompt_logprobs(layout: StepLayout, model, hidden: Float[Array, "T D"], targets: Int[Array, "T"]):
+def _prompt_logprobs(layout: StepLayout, model, hidden: Float[Array, "T D"], targets: Int[Array, " T"]):
     """Logprobs of each next prompt token, computed chunk by chunk over all T tokens."""
     num_tokens, k = layout.num_tokens, layout.max_logprobs
     if not layout.features.has_prompt_logprobs:
@@ -109,9 +112,18 @@ def _logits(model, hidden: Float[Array, "R D"]) -> Float[Array, "R V"]:
     return replicate(model.compute_logits(hidden))
 
 
-def model_step(layout: StepLayout, layer_group_ids: tuple[int, ...], graphdef, treedef, param_leaves: list[Array],
-               kv_caches: list[Array], history: Int[Array, "N L"], slot_tables: tuple[Array, Array],
-               prev_sampled: Int[Array, " M"], packed: Int[Array, " P"]):
+def model_step(
+    layout: StepLayout,
+    layer_group_ids: tuple[int, ...],
+    graphdef,
+    treedef,
+    param_leaves: list[Array],
+    kv_caches: list[Array],
+    history: Int[Array, "N L"],
+    slot_tables: tuple[Array, Array],
+    prev_sampled: Int[Array, " M"],
+    packed: Int[Array, " P"],
+):
     """Forward the step's tokens, write their KV, and sample one token per row.
 
     Layer i attends with its KV cache group's metadata (`layer_group_ids[i]`). The sampled ids
@@ -134,8 +146,17 @@ def model_step(layout: StepLayout, layer_group_ids: tuple[int, ...], graphdef, t
     return kv_caches, history, sampled, logprobs, prompt_logprobs
 
 
-def compile_step(layout: StepLayout, layer_group_ids: tuple[int, ...], graphdef, treedef, param_leaves,
-                 kv_caches, history, slot_tables, mesh: Mesh):
+def compile_step(
+    layout: StepLayout,
+    layer_group_ids: tuple[int, ...],
+    graphdef,
+    treedef,
+    param_leaves,
+    kv_caches,
+    history,
+    slot_tables,
+    mesh: Mesh,
+):
     """AOT-compiles the step for one layout on `mesh`; the result is called with real arrays.
 
     Params and KV caches keep the shardings they were placed with (the cache goes out as it

@@ -149,10 +149,10 @@ class StepInputTable:
     @functools.cached_property
     def sampling_metadata_class(self) -> type[SamplingMetadata]:
         """`SamplingMetadata` with a field for each SAMPLING input, as a pytree."""
-        fields = [(row.name, row.annotation, dataclasses.field(metadata={"doc": row.doc}))
-                  for row in self._sampling]
-        cls = dataclasses.make_dataclass("StepSamplingMetadata", fields, bases=(SamplingMetadata,),
-                                         frozen=True, kw_only=True)
+        fields = [(row.name, row.annotation, dataclasses.field(metadata={"doc": row.doc})) for row in self._sampling]
+        cls = dataclasses.make_dataclass(
+            "StepSamplingMetadata", fields, bases=(SamplingMetadata,), frozen=True, kw_only=True
+        )
         cls.__module__ = __name__
         cls.__doc__ = "The step's sampling metadata: " + ", ".join(row.name for row in self._sampling) + "."
         return jax.tree_util.register_dataclass(cls)
@@ -160,18 +160,23 @@ class StepInputTable:
     def attention_metadata(self, fields: Mapping[str, Array], num_groups: int) -> list[AttentionMetadata]:
         """One `AttentionMetadata` per KV cache group."""
         return [
-            AttentionMetadata(**{row.name: fields[row.name][g] if row.per_group else fields[row.name]
-                                 for row in self._attention})
+            AttentionMetadata(
+                **{row.name: fields[row.name][g] if row.per_group else fields[row.name] for row in self._attention}
+            )
             for g in range(num_groups)
         ]
 
     def sampling_metadata(self, fields: Mapping[str, Array], **device_fields) -> SamplingMetadata:
         """The SAMPLING inputs, with the fields the step computes on the device."""
-        return self.sampling_metadata_class(**{row.name: fields[row.name] for row in self._sampling},
-                                            **device_fields)
+        return self.sampling_metadata_class(**{row.name: fields[row.name] for row in self._sampling}, **device_fields)
 
-    def fill(self, views: Mapping[str, np.ndarray], columns: Mapping[str, np.ndarray], rows: np.ndarray,
-             step_values: Mapping[str, np.ndarray]) -> None:
+    def fill(
+        self,
+        views: Mapping[str, np.ndarray],
+        columns: Mapping[str, np.ndarray],
+        rows: np.ndarray,
+        step_values: Mapping[str, np.ndarray],
+    ) -> None:
         """The runner's fill loop: each request column's entries of `rows`, then each derived
         value into the leading corner of its field (the rest keeps its padding)."""
         num_rows = len(rows)
@@ -182,68 +187,196 @@ class StepInputTable:
             views[row.name][tuple(slice(0, n) for n in value.shape)] = value
 
 
-STEP_INPUTS = StepInputTable((
-    # per token
-    StepInput("input_ids", np.int32, Per.TOKEN, Source.STEP, "The token each position runs."),
-    StepInput("prev_sampled_index", np.int32, Per.TOKEN, Source.STEP,
-              "Index in the previous step's output of a token not on the host yet; -1: the host knows it.",
-              padding=-1),
-    StepInput("positions", np.int32, Per.TOKEN, Source.STEP, "Each token's position in its request."),
-    StepInput("slot_mapping", np.int32, Per.TOKEN, Source.STEP,
-              "Flat cache slot (block_id * block_size + offset) each token's K/V is written to.",
-              per_group=True, metadata=ATTENTION),
-    StepInput("token_slots", np.int32, Per.TOKEN, Source.STEP,
-              "Persistent-batch slot of each token, for the token history (padding: the scratch row).",
-              padding="max_num_reqs"),
-    StepInput("prompt_logprobs_targets", np.int32, Per.TOKEN, Source.STEP,
-              "The next prompt token, where its prompt logprob is asked for; else -1.", padding=-1),
-    # per attention row
-    StepInput("query_start_loc", np.int32, Per.ROW_BOUNDARY, Source.STEP,
-              "Row r's query tokens are [query_start_loc[r], query_start_loc[r + 1]).", metadata=ATTENTION),
-    StepInput("seq_lens", np.int32, Per.ROW, Source.STEP,
-              "Keys of row r after this step: cached tokens + this step's tokens.", metadata=ATTENTION),
-    StepInput("num_seqs", np.int32, Per.STEP, Source.STEP, "Number of real rows.", metadata=ATTENTION),
-    # per sampled row (row i is attention row i)
-    StepInput("logits_indices", np.int32, Per.ROW, Source.STEP, "The token whose logits each row samples from."),
-    StepInput("sample_slots", np.int32, Per.ROW, Source.STEP, "Each row's persistent-batch slot."),
-    StepInput("temperature", np.float32, Per.ROW, _param("temperature"),
-              "Below 1e-5 (0 in practice) the row is greedy.", metadata=SAMPLING),
-    StepInput("top_k", np.int32, Per.ROW, _param("top_k"),
-              "Keep the k largest logits (ties at the k-th too); 0, or k >= V, is off.", metadata=SAMPLING),
-    StepInput("top_p", np.float32, Per.ROW, _param("top_p"),
-              "Keep the fewest most likely tokens with mass >= p; 1 is off.", padding=1.0, metadata=SAMPLING),
-    StepInput("min_p", np.float32, Per.ROW, _param("min_p"),
-              "Keep tokens with probability >= min_p x the row's largest; 0 is off.", metadata=SAMPLING),
-    StepInput("presence_penalty", np.float32, Per.ROW, _param("presence_penalty"),
-              "In [-2, 2]; subtracted once from every token the output holds.", metadata=SAMPLING),
-    StepInput("frequency_penalty", np.float32, Per.ROW, _param("frequency_penalty"),
-              "In [-2, 2]; subtracted once per occurrence of a token in the output.", metadata=SAMPLING),
-    StepInput("repetition_penalty", np.float32, Per.ROW, _param("repetition_penalty"),
-              "> 0; divides positive (multiplies other) logits of tokens in prompt or output.",
-              padding=1.0, metadata=SAMPLING),
-    StepInput("seeds", np.int32, Per.ROW, RequestColumn(lambda state: state.seed),
-              "The request's seed (its own, else one from the engine).", metadata=SAMPLING),
-    StepInput("sample_positions", np.int32, Per.ROW, Source.STEP,
-              "Output tokens the row already has: its key is fold_in(key(seed), position), so a seeded "
-              "request draws the same tokens whatever batch or row it lands in.", metadata=SAMPLING),
-    StepInput("num_prompt_tokens", np.int32, Per.ROW, RequestColumn(lambda state: len(state.prompt_token_ids)),
-              "Columns [0, num_prompt_tokens) of the row's token history are its prompt.", metadata=SAMPLING),
-    StepInput("num_logprobs", np.int32, Per.ROW,
-              RequestColumn(lambda state: -1 if state.sampling_params.logprobs is None
-                            else state.sampling_params.logprobs),
-              "The request's logprobs; -1: none.", padding=-1),
-    StepInput("is_below_min_tokens", np.bool_, Per.ROW, Source.STEP,
-              "The row has fewer than min_tokens outputs: its stop tokens get -inf.", metadata=SAMPLING),
-    StepInput("has_logit_bias", np.bool_, Per.ROW,
-              RequestColumn(lambda state: bool(state.sampling_params.logit_bias
-                                               or state.sampling_params.allowed_token_ids)),
-              "The row's logit bias (or allowed tokens) is not all zero.", metadata=SAMPLING),
-    StepInput("stop_token_ids", np.int32, Per.ROW, RequestColumn(min_tokens_stop_ids),
-              "The row's EOS (unless ignore_eos) and stop_token_ids, padded with -1.",
-              padding=-1, width=Width("S", MAX_MIN_TOKENS_STOP_IDS), metadata=SAMPLING),
-    # last, so the fields before it are cleared with one fill (see PackedBuffer)
-    StepInput("block_tables", np.int32, Per.ROW, Source.BLOCK_TABLE,
-              "Row r's KV blocks, in order; entries past the row's last block are 0.",
-              width=Width("W", "max_num_blocks_per_req"), per_group=True, metadata=ATTENTION),
-))
-
+STEP_INPUTS = StepInputTable(
+    (
+        # per token
+        StepInput("input_ids", np.int32, Per.TOKEN, Source.STEP, "The token each position runs."),
+        StepInput(
+            "prev_sampled_index",
+            np.int32,
+            Per.TOKEN,
+            Source.STEP,
+            "Index in the previous step's output of a token not on the host yet; -1: the host knows it.",
+            padding=-1,
+        ),
+        StepInput("positions", np.int32, Per.TOKEN, Source.STEP, "Each token's position in its request."),
+        StepInput(
+            "slot_mapping",
+            np.int32,
+            Per.TOKEN,
+            Source.STEP,
+            "Flat cache slot (block_id * block_size + offset) each token's K/V is written to.",
+            per_group=True,
+            metadata=ATTENTION,
+        ),
+        StepInput(
+            "token_slots",
+            np.int32,
+            Per.TOKEN,
+            Source.STEP,
+            "Persistent-batch slot of each token, for the token history (padding: the scratch row).",
+            padding="max_num_reqs",
+        ),
+        StepInput(
+            "prompt_logprobs_targets",
+            np.int32,
+            Per.TOKEN,
+            Source.STEP,
+            "The next prompt token, where its prompt logprob is asked for; else -1.",
+            padding=-1,
+        ),
+        # per attention row
+        StepInput(
+            "query_start_loc",
+            np.int32,
+            Per.ROW_BOUNDARY,
+            Source.STEP,
+            "Row r's query tokens are [query_start_loc[r], query_start_loc[r + 1]).",
+            metadata=ATTENTION,
+        ),
+        StepInput(
+            "seq_lens",
+            np.int32,
+            Per.ROW,
+            Source.STEP,
+            "Keys of row r after this step: cached tokens + this step's tokens.",
+            metadata=ATTENTION,
+        ),
+        StepInput("num_seqs", np.int32, Per.STEP, Source.STEP, "Number of real rows.", metadata=ATTENTION),
+        # per sampled row (row i is attention row i)
+        StepInput("logits_indices", np.int32, Per.ROW, Source.STEP, "The token whose logits each row samples from."),
+        StepInput("sample_slots", np.int32, Per.ROW, Source.STEP, "Each row's persistent-batch slot."),
+        StepInput(
+            "temperature",
+            np.float32,
+            Per.ROW,
+            _param("temperature"),
+            "Below 1e-5 (0 in practice) the row is greedy.",
+            metadata=SAMPLING,
+        ),
+        StepInput(
+            "top_k",
+            np.int32,
+            Per.ROW,
+            _param("top_k"),
+            "Keep the k largest logits (ties at the k-th too); 0, or k >= V, is off.",
+            metadata=SAMPLING,
+        ),
+        StepInput(
+            "top_p",
+            np.float32,
+            Per.ROW,
+            _param("top_p"),
+            "Keep the fewest most likely tokens with mass >= p; 1 is off.",
+            padding=1.0,
+            metadata=SAMPLING,
+        ),
+        StepInput(
+            "min_p",
+            np.float32,
+            Per.ROW,
+            _param("min_p"),
+            "Keep tokens with probability >= min_p x the row's largest; 0 is off.",
+            metadata=SAMPLING,
+        ),
+        StepInput(
+            "presence_penalty",
+            np.float32,
+            Per.ROW,
+            _param("presence_penalty"),
+            "In [-2, 2]; subtracted once from every token the output holds.",
+            metadata=SAMPLING,
+        ),
+        StepInput(
+            "frequency_penalty",
+            np.float32,
+            Per.ROW,
+            _param("frequency_penalty"),
+            "In [-2, 2]; subtracted once per occurrence of a token in the output.",
+            metadata=SAMPLING,
+        ),
+        StepInput(
+            "repetition_penalty",
+            np.float32,
+            Per.ROW,
+            _param("repetition_penalty"),
+            "> 0; divides positive (multiplies other) logits of tokens in prompt or output.",
+            padding=1.0,
+            metadata=SAMPLING,
+        ),
+        StepInput(
+            "seeds",
+            np.int32,
+            Per.ROW,
+            RequestColumn(lambda state: state.seed),
+            "The request's seed (its own, else one from the engine).",
+            metadata=SAMPLING,
+        ),
+        StepInput(
+            "sample_positions",
+            np.int32,
+            Per.ROW,
+            Source.STEP,
+            "Output tokens the row already has: its key is fold_in(key(seed), position), so a seeded "
+            "request draws the same tokens whatever batch or row it lands in.",
+            metadata=SAMPLING,
+        ),
+        StepInput(
+            "num_prompt_tokens",
+            np.int32,
+            Per.ROW,
+            RequestColumn(lambda state: len(state.prompt_token_ids)),
+            "Columns [0, num_prompt_tokens) of the row's token history are its prompt.",
+            metadata=SAMPLING,
+        ),
+        StepInput(
+            "num_logprobs",
+            np.int32,
+            Per.ROW,
+            RequestColumn(
+                lambda state: -1 if state.sampling_params.logprobs is None else state.sampling_params.logprobs
+            ),
+            "The request's logprobs; -1: none.",
+            padding=-1,
+        ),
+        StepInput(
+            "is_below_min_tokens",
+            np.bool_,
+            Per.ROW,
+            Source.STEP,
+            "The row has fewer than min_tokens outputs: its stop tokens get -inf.",
+            metadata=SAMPLING,
+        ),
+        StepInput(
+            "has_logit_bias",
+            np.bool_,
+            Per.ROW,
+            RequestColumn(
+                lambda state: bool(state.sampling_params.logit_bias or state.sampling_params.allowed_token_ids)
+            ),
+            "The row's logit bias (or allowed tokens) is not all zero.",
+            metadata=SAMPLING,
+        ),
+        StepInput(
+            "stop_token_ids",
+            np.int32,
+            Per.ROW,
+            RequestColumn(min_tokens_stop_ids),
+            "The row's EOS (unless ignore_eos) and stop_token_ids, padded with -1.",
+            padding=-1,
+            width=Width("S", MAX_MIN_TOKENS_STOP_IDS),
+            metadata=SAMPLING,
+        ),
+        # last, so the fields before it are cleared with one fill (see PackedBuffer)
+        StepInput(
+            "block_tables",
+            np.int32,
+            Per.ROW,
+            Source.BLOCK_TABLE,
+            "Row r's KV blocks, in order; entries past the row's last block are 0.",
+            width=Width("W", "max_num_blocks_per_req"),
+            per_group=True,
+            metadata=ATTENTION,
+        ),
+    )
+)

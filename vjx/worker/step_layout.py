@@ -72,8 +72,14 @@ class StepLayout:
 
     @functools.cached_property
     def shapes(self) -> dict[str, tuple[int, ...]]:
-        dims = {"T": self.num_tokens, "R": self.num_reqs, "R1": self.num_reqs + 1, "1": 1,
-                "G": self.num_kv_cache_groups, "max_num_blocks_per_req": self.max_num_blocks_per_req}
+        dims = {
+            "T": self.num_tokens,
+            "R": self.num_reqs,
+            "R1": self.num_reqs + 1,
+            "1": 1,
+            "G": self.num_kv_cache_groups,
+            "max_num_blocks_per_req": self.max_num_blocks_per_req,
+        }
         return {row.name: row.shape(dims) for row in self.table.inputs}
 
     @functools.cached_property
@@ -88,8 +94,10 @@ class StepLayout:
     @functools.cached_property
     def padding(self) -> dict[str, float | int]:
         """The value of each field's entries that no token or row of the step fills."""
-        return {row.name: getattr(self, row.padding) if isinstance(row.padding, str) else row.padding
-                for row in self.table.inputs}
+        return {
+            row.name: getattr(self, row.padding) if isinstance(row.padding, str) else row.padding
+            for row in self.table.inputs
+        }
 
     @property
     def size(self) -> int:

@@ -16,8 +16,8 @@ from vjx.attention.backend import get_attention_backend
 from vjx.attention.sharded import ShardedBackend
 from vjx.config import VjxConfig
 from vjx.core.sched.output import SchedulerOutput
-from vjx.models.loader import get_model
 from vjx.kv_cache_interface import AttentionSpec, KVCacheConfig, KVCacheSpec, get_kv_cache_groups
+from vjx.models.loader import get_model
 from vjx.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vjx.sharding.mesh import make_mesh
 from vjx.sharding.placement import filled, num_cache_kv_heads
@@ -42,8 +42,7 @@ class Worker:
         start = time.perf_counter()
         self.model = get_model(config.model_config, ShardedBackend(self.backend), mesh=self.mesh)
         self.load_time = time.perf_counter() - start
-        logger.info("loaded %s in %.1f s on %d device(s)", config.model_config.model, self.load_time,
-                    self.mesh.size)
+        logger.info("loaded %s in %.1f s on %d device(s)", config.model_config.model, self.load_time, self.mesh.size)
         self.kv_cache_specs = self.get_kv_cache_spec()
         self.kv_cache_sharding = logical_sharding(self.mesh, self.backend.kv_cache_axes)
         self.model_runner: ModelRunner | None = None
@@ -61,8 +60,9 @@ class Worker:
         num_heads = hf_config.num_attention_heads
         num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or num_heads
         num_kv_heads = num_cache_kv_heads(num_kv_heads, self.config.parallel_config.tensor_parallel_size)
-        return self.model.get_kv_cache_spec(self.config.cache_config.block_size, num_kv_heads,
-                                            self.config.model_config.dtype)
+        return self.model.get_kv_cache_spec(
+            self.config.cache_config.block_size, num_kv_heads, self.config.model_config.dtype
+        )
 
     def _kv_cache_shape(self, spec: AttentionSpec, num_blocks: int) -> tuple[int, ...]:
         return self.backend.kv_cache_shape(num_blocks, spec.block_size, spec.num_kv_heads, spec.head_size)
@@ -91,8 +91,10 @@ class Worker:
         elif any(stats is None for stats in all_stats):
             budget = min(_HOST_KV_CACHE_BYTES, self._max_num_seqs_blocks() * self.get_kv_block_bytes())
         else:
-            budget = min(stats["bytes_limit"] * cache_config.gpu_memory_utilization - stats["bytes_in_use"]
-                         for stats in all_stats)
+            budget = min(
+                stats["bytes_limit"] * cache_config.gpu_memory_utilization - stats["bytes_in_use"]
+                for stats in all_stats
+            )
             budget -= self._activation_bytes()
         num_blocks = int(budget // self.get_kv_block_bytes())
         if num_blocks < 2:
@@ -107,9 +109,10 @@ class Worker:
         """Blocks `max_num_seqs` requests of `max_model_len` tokens hold at once, and block 0."""
         sched = self.config.scheduler_config
         groups = get_kv_cache_groups(self.kv_cache_specs)
-        per_request = sum(group.kv_cache_spec.max_num_blocks_per_request(sched.max_model_len,
-                                                                         sched.max_num_batched_tokens)
-                          for group in groups)
+        per_request = sum(
+            group.kv_cache_spec.max_num_blocks_per_request(sched.max_model_len, sched.max_num_batched_tokens)
+            for group in groups
+        )
         return sched.max_num_seqs * per_request + 1
 
     def _activation_bytes(self) -> int:
@@ -123,21 +126,32 @@ class Worker:
 
     def _allocate_kv_caches(self, num_blocks: int) -> dict[str, jax.Array]:
         """One zeroed cache array per layer, created sharded over KV heads on the mesh."""
-        return {name: filled(self._kv_cache_shape(spec, num_blocks), self._kv_dtype, 0, self.kv_cache_sharding)
-                for name, spec in self.kv_cache_specs.items()}
+        return {
+            name: filled(self._kv_cache_shape(spec, num_blocks), self._kv_dtype, 0, self.kv_cache_sharding)
+            for name, spec in self.kv_cache_specs.items()
+        }
 
     def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
         num_blocks = kv_cache_config.num_blocks
-        logger.info("KV cache: %d blocks of %d tokens in %d group(s)", num_blocks, kv_cache_config.block_size,
-                    len(kv_cache_config.kv_cache_groups))
-        self.model_runner = ModelRunner(self.config, self.model, self._allocate_kv_caches(num_blocks), self.mesh,
-                                        kv_cache_config)
+        logger.info(
+            "KV cache: %d blocks of %d tokens in %d group(s)",
+            num_blocks,
+            kv_cache_config.block_size,
+            len(kv_cache_config.kv_cache_groups),
+        )
+        self.model_runner = ModelRunner(
+            self.config, self.model, self._allocate_kv_caches(num_blocks), self.mesh, kv_cache_config
+        )
 
     def compile_or_warm_up_model(self) -> float:
         elapsed = self.model_runner.compile_or_warm_up_model(self.executable_cache)
         if self.executable_cache is not None:
-            logger.info("executable cache %s: %d loaded, %d compiled", self.executable_cache.directory,
-                        self.executable_cache.num_hits, self.executable_cache.num_misses)
+            logger.info(
+                "executable cache %s: %d loaded, %d compiled",
+                self.executable_cache.directory,
+                self.executable_cache.num_hits,
+                self.executable_cache.num_misses,
+            )
         return elapsed
 
     def execute_model(

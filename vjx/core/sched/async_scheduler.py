@@ -14,10 +14,10 @@ token for it is dropped (the step ran one wasted row, as in vLLM).
 """
 
 from vjx.config import CacheConfig, SchedulerConfig
-from vjx.kv_cache_interface import KVCacheConfig
 from vjx.core.request import Request, RequestStatus
 from vjx.core.sched.scheduler import Scheduler
 from vjx.core.sched.utils import append_until_stop
+from vjx.kv_cache_interface import KVCacheConfig
 
 
 class AsyncScheduler(Scheduler):
@@ -61,16 +61,12 @@ class AsyncScheduler(Scheduler):
                 # The step reaches the request's last token, so it samples the next one.
                 placeholders[req_id] = num_placeholders + 1
 
-    def _update_request_with_output(
-        self, request: Request, sampled_token_ids: list[int]
-    ) -> tuple[list[int], bool]:
+    def _update_request_with_output(self, request: Request, sampled_token_ids: list[int]) -> tuple[list[int], bool]:
         num_placeholders = self.num_output_placeholders.get(request.request_id, 0)
         if num_placeholders == 0 or not sampled_token_ids:
             # No token of this request was in flight: the row was a partial prefill.
             return [], False
-        self.num_output_placeholders[request.request_id] = num_placeholders - len(
-            sampled_token_ids
-        )
+        self.num_output_placeholders[request.request_id] = num_placeholders - len(sampled_token_ids)
         return append_until_stop(request, sampled_token_ids, self.max_model_len)
 
     def _free_request(self, request: Request) -> None:

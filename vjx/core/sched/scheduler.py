@@ -4,7 +4,6 @@ import dataclasses
 from collections.abc import Iterable
 
 from vjx.config import CacheConfig, SchedulerConfig
-from vjx.kv_cache_interface import KVCacheConfig
 from vjx.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from vjx.core.request import Request, RequestStatus
 from vjx.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
@@ -12,12 +11,11 @@ from vjx.core.sched.request_queue import SchedulingPolicy, create_request_queue
 from vjx.core.sched.stats import SchedulerStats
 from vjx.core.sched.utils import append_until_stop
 from vjx.engine.messages import EngineCoreOutput, EngineCoreOutputs
+from vjx.kv_cache_interface import KVCacheConfig
 from vjx.outputs import ModelRunnerOutput
 
 
-def _verify_config(
-    scheduler_config: SchedulerConfig, kv_cache_config: KVCacheConfig
-) -> None:
+def _verify_config(scheduler_config: SchedulerConfig, kv_cache_config: KVCacheConfig) -> None:
     """Refuse settings under which some valid request could wait forever."""
     max_model_len = scheduler_config.max_model_len
     max_num_batched_tokens = scheduler_config.max_num_batched_tokens
@@ -144,9 +142,7 @@ class Scheduler:
         `long_prefill_token_threshold` caps a long prompt's chunk so that it cannot take the
         whole budget from the requests behind it.
         """
-        num_new_tokens = min(
-            request.num_tokens - num_computed_tokens, self.max_model_len - num_computed_tokens
-        )
+        num_new_tokens = min(request.num_tokens - num_computed_tokens, self.max_model_len - num_computed_tokens)
         if 0 < self.long_prefill_token_threshold < num_new_tokens:
             return self.long_prefill_token_threshold
         return num_new_tokens
@@ -165,9 +161,7 @@ class Scheduler:
                 num_new_tokens = plan.token_budget
             new_blocks = manager.allocate_slots(request, num_new_tokens)
             if new_blocks is None:
-                req_index, new_blocks = self._preempt_until_allocated(
-                    request, num_new_tokens, req_index, plan
-                )
+                req_index, new_blocks = self._preempt_until_allocated(request, num_new_tokens, req_index, plan)
                 if new_blocks is None:
                     return
             plan.schedule(request, num_new_tokens, new_blocks)
@@ -228,9 +222,7 @@ class Scheduler:
                 if not self.scheduler_config.enable_chunked_prefill:
                     break
                 num_new_tokens = plan.token_budget
-            new_blocks = manager.allocate_slots(
-                request, num_new_tokens, num_computed_tokens, computed_blocks
-            )
+            new_blocks = manager.allocate_slots(request, num_new_tokens, num_computed_tokens, computed_blocks)
             if new_blocks is None:
                 break
             self.waiting.pop_request()
@@ -271,8 +263,7 @@ class Scheduler:
         new_blocks = [plan.new_blocks[r.request_id] for r in plan.scheduled_running_reqs]
         cached_reqs_data = CachedRequestData(
             req_ids=[request.request_id for request in cached_reqs],
-            resumed_from_preemption=[False] * len(new_blocks)
-            + [True] * len(plan.scheduled_resumed_reqs),
+            resumed_from_preemption=[False] * len(new_blocks) + [True] * len(plan.scheduled_resumed_reqs),
             new_block_ids=[b.get_block_ids() if any(b.blocks) else None for b in new_blocks]
             + [manager.get_block_ids(r.request_id) for r in plan.scheduled_resumed_reqs],
             num_computed_tokens=[request.num_computed_tokens for request in cached_reqs],
@@ -354,15 +345,11 @@ class Scheduler:
         self._finished_req_ids_to_report = set()
         return EngineCoreOutputs(outputs=outputs, finished_requests=finished_requests)
 
-    def _update_request_with_output(
-        self, request: Request, sampled_token_ids: list[int]
-    ) -> tuple[list[int], bool]:
+    def _update_request_with_output(self, request: Request, sampled_token_ids: list[int]) -> tuple[list[int], bool]:
         """The tokens kept (up to the first that stops the request) and whether it stopped."""
         return append_until_stop(request, sampled_token_ids, self.max_model_len)
 
-    def finish_requests(
-        self, request_ids: str | Iterable[str], finished_status: RequestStatus
-    ) -> None:
+    def finish_requests(self, request_ids: str | Iterable[str], finished_status: RequestStatus) -> None:
         """Finish requests from outside (aborts) in any state: their blocks are freed at once.
 
         Unknown or already finished ids are ignored: a request may finish on its own while

@@ -43,9 +43,7 @@ class SchedulerStats:
             num_steps=self.num_steps - previous.num_steps,
             num_scheduled_tokens=self.num_scheduled_tokens - previous.num_scheduled_tokens,
             num_preemptions=self.num_preemptions - previous.num_preemptions,
-            num_prefix_queried_tokens=(
-                self.num_prefix_queried_tokens - previous.num_prefix_queried_tokens
-            ),
+            num_prefix_queried_tokens=(self.num_prefix_queried_tokens - previous.num_prefix_queried_tokens),
             num_prefix_hit_tokens=self.num_prefix_hit_tokens - previous.num_prefix_hit_tokens,
         )
 

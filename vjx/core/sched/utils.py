@@ -22,17 +22,13 @@ def check_stop(request: Request, max_model_len: int) -> bool:
             request.stop_reason = last_token_id
             return True
     max_tokens = request.max_tokens
-    if len(request.all_token_ids) >= max_model_len or (
-        max_tokens is not None and num_output_tokens >= max_tokens
-    ):
+    if len(request.all_token_ids) >= max_model_len or (max_tokens is not None and num_output_tokens >= max_tokens):
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True
     return False
 
 
-def append_until_stop(
-    request: Request, sampled_token_ids: list[int], max_model_len: int
-) -> tuple[list[int], bool]:
+def append_until_stop(request: Request, sampled_token_ids: list[int], max_model_len: int) -> tuple[list[int], bool]:
     """Append tokens one by one up to the first that stops the request.
 
     Returns the tokens kept and whether the request stopped.

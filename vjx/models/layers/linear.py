@@ -45,11 +45,7 @@ class Linear(nnx.Module, HFParamLayer):
         kernel = jax.random.normal(rngs.params(), shape, dtype) * jnp.asarray(INIT_STDDEV, dtype)
         self.kernel = logical_param(kernel, logical_axes)
         out_shape = shape[self.num_in_dims :]
-        self.bias = (
-            logical_param(jnp.zeros(out_shape, dtype), logical_axes[self.num_in_dims :])
-            if use_bias
-            else None
-        )
+        self.bias = logical_param(jnp.zeros(out_shape, dtype), logical_axes[self.num_in_dims :]) if use_bias else None
 
     def __call__(self, x: Float[Array, "..."]) -> Float[Array, "..."]:
         y = jnp.einsum(self.einsum_str, x, self.kernel[...])
@@ -77,11 +73,21 @@ class QKVLinear(Linear):
 
     HF_PARTS = ("q_proj", "k_proj", "v_proj")
 
-    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, *,
-                 use_bias: bool, dtype: jnp.dtype, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        *,
+        use_bias: bool,
+        dtype: jnp.dtype,
+        rngs: nnx.Rngs,
+    ):
         shape = (hidden_size, num_kv_heads, num_heads // num_kv_heads + 2, head_dim)
-        super().__init__("TD,DKCH->TKCH", shape, ("embed", "kv_heads", "qkv", "head_dim"),
-                         use_bias=use_bias, dtype=dtype, rngs=rngs)
+        super().__init__(
+            "TD,DKCH->TKCH", shape, ("embed", "kv_heads", "qkv", "head_dim"), use_bias=use_bias, dtype=dtype, rngs=rngs
+        )
 
     def __call__(self, x: Float[Array, "T D"]) -> tuple[Float[Array, "T N H"], ...]:
         y_TKCH = super().__call__(x)
@@ -94,8 +100,7 @@ class QKVLinear(Linear):
         _, num_kv_heads, _, head_dim = self.kernel.shape
         lead = (tensors[0].shape[1],) if attr == "kernel" else ()
         groups = [
-            (tensor.T if attr == "kernel" else tensor).reshape(*lead, num_kv_heads, -1, head_dim)
-            for tensor in tensors
+            (tensor.T if attr == "kernel" else tensor).reshape(*lead, num_kv_heads, -1, head_dim) for tensor in tensors
         ]
         return np.concatenate(groups, axis=len(lead) + 1)
 
@@ -105,12 +110,26 @@ class MergedLinear(Linear):
     checkpoint modules `parts` (siblings of this one), each of width F along `out_axis`.
     Returns the P outputs [T, F] in `parts` order."""
 
-    def __init__(self, parts: tuple[str, ...], in_features: int, out_features: int,
-                 logical_axes: tuple[str, str], *, use_bias: bool, dtype: jnp.dtype,
-                 rngs: nnx.Rngs):
+    def __init__(
+        self,
+        parts: tuple[str, ...],
+        in_features: int,
+        out_features: int,
+        logical_axes: tuple[str, str],
+        *,
+        use_bias: bool,
+        dtype: jnp.dtype,
+        rngs: nnx.Rngs,
+    ):
         in_axis, out_axis = logical_axes
-        super().__init__("TD,DPF->TPF", (in_features, len(parts), out_features),
-                         (in_axis, None, out_axis), use_bias=use_bias, dtype=dtype, rngs=rngs)
+        super().__init__(
+            "TD,DPF->TPF",
+            (in_features, len(parts), out_features),
+            (in_axis, None, out_axis),
+            use_bias=use_bias,
+            dtype=dtype,
+            rngs=rngs,
+        )
         self.HF_PARTS = parts
 
     def __call__(self, x: Float[Array, "T D"]) -> tuple[Float[Array, "T F"], ...]:
@@ -131,7 +150,7 @@ class Embedding(nnx.Module, HFParamLayer):
         table = jax.random.normal(rngs.params(), (vocab_size, hidden_size), dtype)
         self.embedding = logical_param(table * jnp.asarray(INIT_STDDEV, dtype), ("vocab", "embed"))
 
-    def __call__(self, input_ids: Int[Array, "T"]) -> Float[Array, "T D"]:
+    def __call__(self, input_ids: Int[Array, " T"]) -> Float[Array, "T D"]:
         return jnp.take(self.embedding[...], input_ids, axis=0)
 
     def attend(self, x: Float[Array, "R D"]) -> Float[Array, "R V"]:
@@ -144,10 +163,6 @@ def _num_contracted_dims(einsum_str: str) -> int:
     x_dims, kernel_dims = inputs.split(",")
     contracted = [d for d in kernel_dims if d in x_dims and d not in output]
     num_in = len(contracted)
-    if kernel_dims[:num_in] != "".join(contracted) or not all(
-        d in output for d in kernel_dims[num_in:]
-    ):
-        raise ValueError(
-            f"einsum_str must list the kernel's contracted dimensions first, got {einsum_str!r}."
-        )
+    if kernel_dims[:num_in] != "".join(contracted) or not all(d in output for d in kernel_dims[num_in:]):
+        raise ValueError(f"einsum_str must list the kernel's contracted dimensions first, got {einsum_str!r}.")
     return num_in

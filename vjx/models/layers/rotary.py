@@ -35,14 +35,10 @@ class RotaryEmbedding:
         elif rope_type == "llama3":
             inv_freq = _llama3_inv_freq(inv_freq, params, hf_config.max_position_embeddings)
         elif rope_type != "default":
-            raise ValueError(
-                f"rope_type must be one of {SUPPORTED_ROPE_TYPES}, got {rope_type!r}."
-            )
+            raise ValueError(f"rope_type must be one of {SUPPORTED_ROPE_TYPES}, got {rope_type!r}.")
         return cls(inv_freq=tuple(float(f) for f in inv_freq.astype(np.float32)))
 
-    def __call__(
-        self, x: Float[Array, "T N H"], positions: Int[Array, "T"]
-    ) -> Float[Array, "T N H"]:
+    def __call__(self, x: Float[Array, "T N H"], positions: Int[Array, " T"]) -> Float[Array, "T N H"]:
         inv_freq = jnp.asarray(np.asarray(self.inv_freq, np.float32))
         freqs_TF = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]
         angles_TH = jnp.concatenate([freqs_TF, freqs_TF], axis=-1)
@@ -77,9 +73,7 @@ def _default_inv_freq(theta: float, head_dim: int) -> np.ndarray:
     return np.float32(1.0) / powers
 
 
-def _llama3_inv_freq(
-    inv_freq: np.ndarray, params: dict[str, Any], max_position_embeddings: int
-) -> np.ndarray:
+def _llama3_inv_freq(inv_freq: np.ndarray, params: dict[str, Any], max_position_embeddings: int) -> np.ndarray:
     """Llama 3.1's scaling: long wavelengths slowed by `factor`, short ones kept, a smooth
     blend in between."""
     factor = params["factor"]
@@ -91,9 +85,9 @@ def _llama3_inv_freq(
     # scalar / array is reciprocal-then-multiply, the rounding torch's `__rtruediv__` has.
     wavelen = np.reciprocal(inv_freq) * np.float32(2 * math.pi)
     scaled = np.where(wavelen > low_freq_wavelen, inv_freq / np.float32(factor), inv_freq)
-    smooth = (
-        np.reciprocal(wavelen) * np.float32(old_context_len) - np.float32(low_freq_factor)
-    ) / np.float32(high_freq_factor - low_freq_factor)
+    smooth = (np.reciprocal(wavelen) * np.float32(old_context_len) - np.float32(low_freq_factor)) / np.float32(
+        high_freq_factor - low_freq_factor
+    )
     smoothed = (1 - smooth) * scaled / np.float32(factor) + smooth * scaled
     is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
     return np.where(is_medium, smoothed, scaled).astype(np.float32)
