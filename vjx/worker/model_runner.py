@@ -36,6 +36,7 @@ from vjx.worker.step_outputs import StepRecord, collect_logprobs
 logger = logging.getLogger(__name__)
 
 _SEED_MASK = 0x7FFFFFFF
+_NO_TARGETS = np.zeros(0, np.int32)
 
 
 class ModelRunner:
@@ -247,14 +248,15 @@ class ModelRunner:
         # A token not on the host yet was sampled by the last dispatched step, for the
         # request that holds the same slot now (a request changes slots only off the batch).
         is_pending = positions >= batch.num_tokens[token_rows]
-        prev_sampled_index = np.full(total, -1, np.int32)
-        prev_sampled_index[is_pending] = self._sample_index_by_slot[token_rows[is_pending]]
+        prev_sampled_index = np.where(is_pending, self._sample_index_by_slot[token_rows], -1)
         num_pending = np.bincount(row_of_token[is_pending], minlength=num_rows)
-        targets = np.full(total, -1, np.int32)
         has_target = (batch.num_prompt_logprobs[token_rows] >= 0) & (
             positions + 1 < batch.num_prompt_tokens[token_rows]
         )
-        targets[has_target] = batch.token_ids_cpu[token_rows[has_target], positions[has_target] + 1]
+        targets = _NO_TARGETS  # the common case: the field keeps its padding
+        if has_target.any():
+            targets = np.full(total, -1, np.int32)
+            targets[has_target] = batch.token_ids_cpu[token_rows[has_target], positions[has_target] + 1]
         query_start_loc = np.full(layout.num_reqs + 1, total, np.int32)
         query_start_loc[0] = 0
         query_start_loc[1 : num_rows + 1] = cu
@@ -285,11 +287,11 @@ class ModelRunner:
         )
         return buffer, record
 
-    def _slot_mapping(self, token_rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """Per KV cache group, the cache slot each token's K/V goes to: `[G, tokens]`."""
+    def _slot_mapping(self, token_rows: np.ndarray, positions: np.ndarray) -> list[np.ndarray]:
+        """Per KV cache group, the cache slot each token's K/V goes to."""
         block_index, offsets = positions // self.block_size, positions % self.block_size
         tables = self.input_batch.block_table.block_tables
-        return np.stack([table.block_table[token_rows, block_index] * self.block_size + offsets for table in tables])
+        return [table.block_table[token_rows, block_index] * self.block_size + offsets for table in tables]
 
     def _prepare_sampling(
         self, rows: np.ndarray, logits_indices: np.ndarray, num_pending: np.ndarray

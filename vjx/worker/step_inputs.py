@@ -136,6 +136,9 @@ class StepInputTable:
         self.inputs = tuple(inputs)
         self.request_columns = tuple(row for row in inputs if isinstance(row.source, RequestColumn))
         self.step_values = tuple(row for row in inputs if row.source is Source.STEP)
+        self._column_names = tuple(row.name for row in self.request_columns)
+        self._shared_step_names = tuple(row.name for row in self.step_values if not row.per_group)
+        self._per_group_step_names = tuple(row.name for row in self.step_values if row.per_group)
         self._attention = tuple(row for row in inputs if row.metadata == ATTENTION)
         self._sampling = tuple(row for row in inputs if row.metadata == SAMPLING)
 
@@ -178,13 +181,18 @@ class StepInputTable:
         step_values: Mapping[str, np.ndarray],
     ) -> None:
         """The runner's fill loop: each request column's entries of `rows`, then each derived
-        value into the leading corner of its field (the rest keeps its padding)."""
+        value into the leading entries of its field (a per-group value: one array per group);
+        the rest keeps its padding."""
         num_rows = len(rows)
-        for row in self.request_columns:
-            views[row.name][:num_rows] = columns[row.name][rows]
-        for row in self.step_values:
-            value = step_values[row.name]
-            views[row.name][tuple(slice(0, n) for n in value.shape)] = value
+        for name in self._column_names:
+            views[name][:num_rows] = columns[name][rows]
+        for name in self._shared_step_names:
+            value = step_values[name]
+            views[name][: len(value)] = value
+        for name in self._per_group_step_names:
+            view = views[name]
+            for group, value in enumerate(step_values[name]):
+                view[group, : len(value)] = value
 
 
 STEP_INPUTS = StepInputTable(
