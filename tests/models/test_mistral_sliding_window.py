@@ -19,11 +19,11 @@ ENGINE_ARGS = dict(
     num_gpu_blocks_override=8,
     max_model_len=512,
     max_num_seqs=4,
-    max_num_batched_tokens=32,
+    max_num_batched_tokens=16,
     multiprocess=False,
     async_scheduling=False,
 )
-"""Block 0 is reserved: 7 blocks (112 tokens) for a request that grows to 320."""
+"""Block 0 is reserved: 7 blocks (112 tokens) for a request that grows to 320; one 16-token bucket."""
 
 
 def _mistral_config(sliding_window: int | None) -> transformers.MistralConfig:
