@@ -39,9 +39,6 @@ class KVCacheSpec(abc.ABC):
     def max_num_blocks_per_request(self, max_model_len: int, max_num_batched_tokens: int) -> int:
         """Most blocks one request ever holds at once in this layer's group."""
 
-    def max_memory_usage_bytes(self, max_model_len: int, max_num_batched_tokens: int) -> int:
-        return self.max_num_blocks_per_request(max_model_len, max_num_batched_tokens) * self.page_size_bytes
-
 
 @dataclasses.dataclass(frozen=True)
 class AttentionSpec(KVCacheSpec):

@@ -10,7 +10,7 @@ import numpy as np
 
 from vjx.sampling_params import SamplingParams
 from vjx.worker.block_table import MultiGroupBlockTable
-from vjx.worker.step_inputs import STEP_INPUTS, StepInput, StepInputTable, min_tokens_stop_ids
+from vjx.worker.step_inputs import STEP_INPUTS, StepInput, StepInputTable
 
 
 @dataclasses.dataclass
@@ -88,7 +88,8 @@ class InputBatch:
         params = state.sampling_params
         wants_prompt_logprobs = params.prompt_logprobs is not None and not state.has_sent_prompt_logprobs
         self.num_prompt_logprobs[row] = params.prompt_logprobs if wants_prompt_logprobs else -1
-        self.min_tokens[row] = params.min_tokens if min_tokens_stop_ids(state) else 0
+        # min_tokens only bans stop tokens: without any it has nothing to do.
+        self.min_tokens[row] = params.min_tokens if self.columns["stop_token_ids"][row, 0] >= 0 else 0
         self.uses_general_step[row] = _uses_general_step(params)
         self.block_table.add_row(state.block_ids, row)
         return row

@@ -44,6 +44,7 @@ class Worker:
         self.load_time = time.perf_counter() - start
         logger.info("loaded %s in %.1f s on %d device(s)", config.model_config.model, self.load_time, self.mesh.size)
         self.kv_cache_specs = self.get_kv_cache_spec()
+        self.kv_cache_groups = get_kv_cache_groups(self.kv_cache_specs)
         self.kv_cache_sharding = logical_sharding(self.mesh, self.backend.kv_cache_axes)
         self.model_runner: ModelRunner | None = None
         self.executable_cache = ExecutableCache.in_compilation_cache_dir(config, self.mesh)
@@ -76,7 +77,7 @@ class Worker:
 
     def determine_kv_cache_config(self) -> KVCacheConfig:
         """The layers grouped by spec, and as many blocks as the memory left holds."""
-        return KVCacheConfig(self.determine_num_available_blocks(), get_kv_cache_groups(self.kv_cache_specs))
+        return KVCacheConfig(self.determine_num_available_blocks(), self.kv_cache_groups)
 
     def determine_num_available_blocks(self) -> int:
         """KV blocks that fit `kv_cache_memory_bytes`, else the memory left after weights and
@@ -108,17 +109,15 @@ class Worker:
     def _max_num_seqs_blocks(self) -> int:
         """Blocks `max_num_seqs` requests of `max_model_len` tokens hold at once, and block 0."""
         sched = self.config.scheduler_config
-        groups = get_kv_cache_groups(self.kv_cache_specs)
-        per_request = sum(
-            group.kv_cache_spec.max_num_blocks_per_request(sched.max_model_len, sched.max_num_batched_tokens)
-            for group in groups
+        per_request = KVCacheConfig(2, self.kv_cache_groups).max_num_blocks_per_request(
+            sched.max_model_len, sched.max_num_batched_tokens
         )
         return sched.max_num_seqs * per_request + 1
 
     def _activation_bytes(self) -> int:
         """Scratch memory of the largest step on one device, from XLA's memory analysis of a
         tiny-cache compile."""
-        kv_cache_config = KVCacheConfig(2, get_kv_cache_groups(self.kv_cache_specs))
+        kv_cache_config = KVCacheConfig(2, self.kv_cache_groups)
         runner = ModelRunner(self.config, self.model, self._allocate_kv_caches(2), self.mesh, kv_cache_config)
         largest = max(runner.layouts)
         stats = runner.compile_layout(largest, executable_cache=self.executable_cache).memory_analysis()
