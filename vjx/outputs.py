@@ -44,7 +44,8 @@ class CompletionOutput:
     cumulative_logprob: float | None = None
     logprobs: list | None = None
     finish_reason: str | None = None
-    """"stop" (EOS, a stop token or a stop string), "length" or "abort"; None while running."""
+    """"stop" (EOS, a stop token or a stop string), "length", "abort" or "error" (the engine
+    could not run the request); None while running."""
     stop_reason: int | str | None = None
     """The stop token id or stop string that ended the completion; None for EOS or length."""
 
@@ -79,6 +80,9 @@ class ModelRunnerOutput:
     """For requests that asked for logprobs and sampled: one row per sampled token."""
     prompt_logprobs: dict[str, LogprobsLists] = dataclasses.field(default_factory=dict)
     """For requests that asked for prompt logprobs, once their whole prompt is computed."""
+    failed_req_ids: set[str] = dataclasses.field(default_factory=set)
+    """Scheduled requests the runner could not run (the error is logged): the scheduler
+    finishes them with `FinishReason.ERROR`; the rest of the step ran."""
 
 
 @dataclasses.dataclass

@@ -3,14 +3,26 @@
 import dataclasses
 import enum
 
+from vjx.validation import check_bool, check_float, check_int, check_int_list, check_str_list
+
 _SAMPLING_EPS = 1e-5
 _MAX_LOGIT_BIAS = 100.0
+MAX_N = 1024
+"""Completions one request may ask for: each is a request of its own in the engine."""
 MAX_BAD_WORDS = 32
 """Token sequences (each bad word, with and without a leading space) one request may ban."""
 MAX_BAD_WORD_TOKENS = 8
 """Tokens in one banned sequence."""
 MAX_MIN_TOKENS_STOP_IDS = 16
-"""Stop ids (EOS included) the step can hold back while a request is below `min_tokens`."""
+"""Stop ids (EOS included) the step's table holds for a request below `min_tokens`; a
+request with more has them banned through its logit bias row until it reaches min_tokens."""
+_BOOLS = (
+    "ignore_eos",
+    "detokenize",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "include_stop_str_in_output",
+)
 
 
 class RequestOutputKind(enum.Enum):
@@ -61,70 +73,73 @@ class SamplingParams:
     """Set by the engine's input processor: the token ids of each bad word."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        self.stop = list(self.stop or [])
-        self.stop_token_ids = list(self.stop_token_ids or [])
-        self.bad_words = list(self.bad_words or [])
-        if self.logit_bias is not None:
-            self.logit_bias = {
-                int(token): min(_MAX_LOGIT_BIAS, max(-_MAX_LOGIT_BIAS, float(bias)))
-                for token, bias in self.logit_bias.items()
-            }
-        if self.top_k == -1:
-            self.top_k = 0
+        self.stop = check_str_list("stop", self.stop or [])
+        self.stop_token_ids = check_int_list("stop_token_ids", self.stop_token_ids or [], 0)
+        self.bad_words = check_str_list("bad_words", self.bad_words or [])
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = check_int_list("allowed_token_ids", self.allowed_token_ids)
+        self.logit_bias = _clamped_logit_bias(self.logit_bias)
+        if not isinstance(self.output_kind, RequestOutputKind):
+            raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}.")
+        for name in _BOOLS:
+            check_bool(name, getattr(self, name))
         self._verify_sampling()
         self._verify_stopping()
         self._verify_outputs()
 
     def _verify_sampling(self) -> None:
-        if self.n < 1:
-            raise ValueError(f"n must be at least 1, got {self.n}.")
+        self.n = check_int("n", self.n, 1, MAX_N)
         for name in ("presence_penalty", "frequency_penalty"):
-            if not -2.0 <= getattr(self, name) <= 2.0:
-                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}.")
-        if self.repetition_penalty <= 0.0:
-            raise ValueError(f"repetition_penalty must be greater than zero, got {self.repetition_penalty}.")
-        if self.temperature < 0.0:
-            raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be 0 or -1 (disable), or at least 1, got {self.top_k}.")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}.")
+            setattr(self, name, check_float(name, getattr(self, name), -2.0, 2.0))
+        self.repetition_penalty = check_float("repetition_penalty", self.repetition_penalty, 0.0, low_open=True)
+        self.temperature = check_float("temperature", self.temperature, 0.0)
+        self.top_p = check_float("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        # Any k >= the vocabulary keeps every token, as vLLM reads it.
+        self.top_k = check_int("top_k", self.top_k, -1)
+        if self.top_k == -1:
+            self.top_k = 0
+        self.min_p = check_float("min_p", self.min_p, 0.0, 1.0)
+        if self.seed is not None:
+            self.seed = check_int("seed", self.seed)
         if self.allowed_token_ids is not None and not self.allowed_token_ids:
             raise ValueError("allowed_token_ids must not be empty (None allows every token).")
 
     def _verify_stopping(self) -> None:
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")
-        if self.min_tokens < 0:
-            raise ValueError(f"min_tokens must be greater than or equal to 0, got {self.min_tokens}.")
+        if self.max_tokens is not None:
+            self.max_tokens = check_int("max_tokens", self.max_tokens, 1)
+        self.min_tokens = check_int("min_tokens", self.min_tokens, 0)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(
                 f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, got {self.min_tokens}."
             )
-        if any(not s for s in self.stop):
-            raise ValueError("stop cannot contain an empty string.")
         if self.stop and not self.detokenize:
             raise ValueError("stop strings are only supported when detokenize is True.")
-        if any(t < 0 for t in self.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be non-negative, got {self.stop_token_ids}.")
-        if self.min_tokens and len(self.stop_token_ids) > MAX_MIN_TOKENS_STOP_IDS - 1:
-            raise ValueError(
-                f"stop_token_ids may hold at most {MAX_MIN_TOKENS_STOP_IDS - 1} ids when min_tokens > 0, "
-                f"got {len(self.stop_token_ids)}."
-            )
 
     def _verify_outputs(self) -> None:
         for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise ValueError(f"{name} must be non-negative, got {value}.")
-        if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens < 1:
-            raise ValueError(f"truncate_prompt_tokens must be >= 1, got {self.truncate_prompt_tokens}.")
+            if getattr(self, name) is not None:
+                setattr(self, name, check_int(name, getattr(self, name), 0))
+        if self.truncate_prompt_tokens is not None:
+            self.truncate_prompt_tokens = check_int("truncate_prompt_tokens", self.truncate_prompt_tokens, 1)
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature < _SAMPLING_EPS
+
+
+def _clamped_logit_bias(logit_bias) -> dict[int, float] | None:
+    """Token id -> bias, each bias clamped to [-100, 100] as vLLM does (after the check that
+    it is a finite number); the input processor checks the ids against the vocabulary."""
+    if logit_bias is None:
+        return None
+    if not isinstance(logit_bias, dict):
+        raise ValueError(f"logit_bias must be a dict of token id -> bias, got {logit_bias!r}.")
+    clamped = {}
+    for token, bias in logit_bias.items():
+        try:
+            token_id = check_int("logit_bias", int(token) if isinstance(token, str) else token)
+        except ValueError:
+            raise ValueError(f"logit_bias keys must be token ids, got {token!r}.") from None
+        bias = check_float(f"logit_bias[{token_id}]", bias)
+        clamped[token_id] = min(_MAX_LOGIT_BIAS, max(-_MAX_LOGIT_BIAS, bias))
+    return clamped

@@ -14,6 +14,7 @@ from transformers import PreTrainedTokenizerBase
 from vjx.config import ModelConfig
 from vjx.engine.messages import EngineCoreRequest
 from vjx.sampling_params import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS, SamplingParams
+from vjx.validation import check_int
 
 PromptType = str | dict[str, Any]
 """A text, `{"prompt": text}`, or `{"prompt_token_ids": [ids]}`; a dict may add `"cache_salt"`."""
@@ -52,6 +53,9 @@ class InputProcessor:
         """
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}.")
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty string, got {request_id!r}.")
+        priority = check_int("priority", priority)
         cache_salt = None
         if isinstance(prompt, dict) and "cache_salt" in prompt:
             prompt = dict(prompt)

@@ -16,6 +16,8 @@ class FinishReason(enum.IntEnum):
     STOP = 0
     LENGTH = 1
     ABORT = 2
+    ERROR = 3
+    """The engine could not run the request (its error is in the engine's log)."""
 
     def __str__(self) -> str:
         return self.name.lower()

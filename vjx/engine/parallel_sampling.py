@@ -12,6 +12,7 @@ import dataclasses
 from vjx.engine.messages import EngineCoreRequest
 from vjx.outputs import CompletionOutput, PromptLogprobs, RequestOutput
 from vjx.sampling_params import RequestOutputKind, SamplingParams
+from vjx.validation import INT64_MIN
 
 
 class ParentRequest:
@@ -32,10 +33,11 @@ class ParentRequest:
         """CUMULATIVE and FINAL_ONLY: each child's latest completion; DELTA: this step's."""
 
     def get_child_info(self, index: int) -> tuple[str, SamplingParams]:
-        """Child `index`'s request id and params: `n=1`, and `seed + index` when seeded, so
-        the children sample different tokens yet each is reproducible."""
+        """Child `index`'s request id and params: `n=1`, and `seed + index` when seeded
+        (wrapped into the int64 range), so the children sample different tokens yet each is
+        reproducible."""
         params = self.sampling_params
-        seed = None if params.seed is None else params.seed + index
+        seed = None if params.seed is None else (params.seed + index - INT64_MIN) % 2**64 + INT64_MIN
         return self.child_request_ids[index], dataclasses.replace(params, n=1, seed=seed)
 
     def make_child_request(self, index: int) -> EngineCoreRequest:

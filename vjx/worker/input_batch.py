@@ -9,8 +9,15 @@ import dataclasses
 import numpy as np
 
 from vjx.sampling_params import SamplingParams
+from vjx.validation import INT32_MAX
 from vjx.worker.block_table import MultiGroupBlockTable
-from vjx.worker.step_inputs import STEP_INPUTS, StepInput, StepInputTable
+from vjx.worker.step_inputs import (
+    STEP_INPUTS,
+    StepInput,
+    StepInputTable,
+    bans_stop_ids_in_bias,
+    min_tokens_stop_ids,
+)
 
 
 @dataclasses.dataclass
@@ -65,6 +72,8 @@ class InputBatch:
         self.num_computed_tokens = np.zeros(max_num_reqs, np.int32)
         self.num_prompt_logprobs = np.full(max_num_reqs, -1, np.int32)
         self.min_tokens = np.zeros(max_num_reqs, np.int32)
+        self.bans_stop_ids_in_bias = np.zeros(max_num_reqs, bool)
+        """The slot's logit bias row bans its request's stop ids until it reaches min_tokens."""
         self.uses_general_step = np.zeros(max_num_reqs, bool)
         """The request filters, processes its logits or wants logprobs: its steps need the
         GENERAL step variant (min_tokens and prompt logprobs are decided per step)."""
@@ -89,7 +98,8 @@ class InputBatch:
         wants_prompt_logprobs = params.prompt_logprobs is not None and not state.has_sent_prompt_logprobs
         self.num_prompt_logprobs[row] = params.prompt_logprobs if wants_prompt_logprobs else -1
         # min_tokens only bans stop tokens: without any it has nothing to do.
-        self.min_tokens[row] = params.min_tokens if self.columns["stop_token_ids"][row, 0] >= 0 else 0
+        self.min_tokens[row] = min(params.min_tokens, INT32_MAX) if min_tokens_stop_ids(state) else 0
+        self.bans_stop_ids_in_bias[row] = bans_stop_ids_in_bias(state)
         self.uses_general_step[row] = _uses_general_step(params)
         self.block_table.add_row(state.block_ids, row)
         return row

@@ -30,6 +30,7 @@ from vjx.worker.compile_watch import CompileWatch
 from vjx.worker.input_batch import CachedRequestState, InputBatch
 from vjx.worker.slot_tables import SlotTables
 from vjx.worker.step import compile_step
+from vjx.worker.step_inputs import has_logit_bias, min_tokens_stop_ids
 from vjx.worker.step_layout import GENERAL, PLAIN, PackedBuffer, StepFeatures, StepLayout, token_buckets
 from vjx.worker.step_outputs import StepRecord, collect_logprobs
 
@@ -95,6 +96,8 @@ class ModelRunner:
         """Per slot, the index in the last dispatched step's output of the token it samples
         for the slot's request (-1: none)."""
         self.compile_watch = CompileWatch()
+        self._failed_req_ids: set[str] = set()
+        """Requests that failed to enter the batch, until the scheduler reports them finished."""
 
     def compile_or_warm_up_model(self, executable_cache=None) -> float:
         """Compiles both variants of every bucket's step ahead of the first request, side by
@@ -130,9 +133,13 @@ class ModelRunner:
 
     def _dispatch(self, scheduler_output: SchedulerOutput) -> AsyncModelRunnerOutput:
         self._update_states(scheduler_output)
-        if scheduler_output.total_num_scheduled_tokens == 0:
-            return AsyncModelRunnerOutput(lambda: ModelRunnerOutput([], {}, []))
-        rows, num_tokens = self._order_rows(scheduler_output)
+        scheduled = scheduler_output.num_scheduled_tokens
+        failed = self._failed_req_ids & scheduled.keys()
+        if failed:
+            scheduled = {req_id: n for req_id, n in scheduled.items() if req_id not in failed}
+        if not scheduled:
+            return AsyncModelRunnerOutput(lambda: ModelRunnerOutput([], {}, [], failed_req_ids=failed))
+        rows, num_tokens = self._order_rows(scheduled)
         layout = self._layout_for(int(num_tokens.sum()))
         buffer, record = self._prepare_inputs(layout, rows, num_tokens)
         step = self._compiled[layout.num_tokens, self._features(buffer.fields, rows, record)]
@@ -148,7 +155,7 @@ class ModelRunner:
         self._last_sampled = sampled
         self._sample_index_by_slot.fill(-1)
         self._sample_index_by_slot[rows[record.is_sampling]] = np.flatnonzero(record.is_sampling)
-        return AsyncModelRunnerOutput(lambda: self._collect(record, sampled, logprobs, prompt_logprobs))
+        return AsyncModelRunnerOutput(lambda: self._collect(record, sampled, logprobs, prompt_logprobs, failed))
 
     def _to_device(self, packed: np.ndarray) -> jax.Array:
         """The step's one host-to-device transfer."""
@@ -166,6 +173,7 @@ class ModelRunner:
         for req_id in so.finished_req_ids:
             self.requests.pop(req_id, None)
             batch.remove_request(req_id)
+            self._failed_req_ids.discard(req_id)
         for req_id in [r for r in batch.req_id_to_index if r not in so.num_scheduled_tokens]:
             output_token_ids = batch.remove_request(req_id)
             self.requests[req_id].output_token_ids = output_token_ids
@@ -183,10 +191,34 @@ class ModelRunner:
             self._add_to_batch(state, new.num_computed_tokens)
         self._update_cached_requests(so.scheduled_cached_reqs)
 
+    def _fail_request(self, req_id: str) -> None:
+        """Drops a request the runner could not take (the error is logged); the scheduler
+        finishes it with an error when the step's output reports it."""
+        logger.exception("Request %s failed in the model runner; the engine goes on without it.", req_id)
+        self.requests.pop(req_id, None)
+        self.input_batch.remove_request(req_id)
+        self._failed_req_ids.add(req_id)
+
     def _add_to_batch(self, state: CachedRequestState, num_computed_tokens: int) -> int:
-        row = self.input_batch.add_request(state, num_computed_tokens)
-        self.slot_tables.set_slot(row, state.sampling_params)
+        """The request's slot, -1 when it could not enter the batch (it then fails alone)."""
+        try:
+            row = self.input_batch.add_request(state, num_computed_tokens)
+            banned = min_tokens_stop_ids(state) if self.input_batch.bans_stop_ids_in_bias[row] else ()
+            self.slot_tables.set_slot(row, state.sampling_params, banned)
+        except Exception:
+            self._fail_request(state.req_id)
+            return -1
         return row
+
+    def _lift_stop_id_bans(self, rows: np.ndarray) -> None:
+        """Rows whose bias row bans their stop ids and that reached min_tokens get their own
+        bias row back, before the step that may draw a stop id."""
+        batch = self.input_batch
+        for row in rows.tolist():
+            params = self.requests[batch.req_ids[row]].sampling_params
+            self.slot_tables.set_slot(row, params)
+            batch.bans_stop_ids_in_bias[row] = False
+            batch.columns["has_logit_bias"][row] = has_logit_bias(params)
 
     def _update_cached_requests(self, cached: CachedRequestData) -> None:
         """Most steps only advance the requests' token counts, written for all rows at once;
@@ -196,10 +228,14 @@ class ModelRunner:
         rows = [batch.req_id_to_index.get(req_id, -1) for req_id in cached.req_ids]
         changes = zip(rows, cached.new_block_ids, cached.resumed_from_preemption)
         for i, (row, new_block_ids, resumed) in enumerate(changes):
+            if cached.req_ids[i] in self._failed_req_ids:
+                continue
             if row < 0 or new_block_ids is not None or resumed:
                 state = self.requests[cached.req_ids[i]]
                 rows[i] = self._update_cached_request(state, cached.num_computed_tokens[i], new_block_ids, resumed)
-        batch.num_computed_tokens[rows] = cached.num_computed_tokens
+        num_computed_tokens = np.asarray(cached.num_computed_tokens, np.int32)
+        rows = np.asarray(rows, np.int64)
+        batch.num_computed_tokens[rows[rows >= 0]] = num_computed_tokens[rows >= 0]
 
     def _update_cached_request(self, state, num_computed, new_block_ids, resumed) -> int:
         """Applies the request's new blocks, per group (all its blocks when resumed); returns
@@ -216,12 +252,12 @@ class ModelRunner:
             self.input_batch.block_table.append_row(new_block_ids, row)
         return row
 
-    def _order_rows(self, so: SchedulerOutput) -> tuple[np.ndarray, np.ndarray]:
+    def _order_rows(self, num_scheduled_tokens: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
         """The scheduled slots, decode rows (one token) first, and their token counts."""
         index = self.input_batch.req_id_to_index
-        num_reqs = len(so.num_scheduled_tokens)
-        rows = np.fromiter(map(index.__getitem__, so.num_scheduled_tokens), np.int32, num_reqs)
-        num_tokens = np.fromiter(so.num_scheduled_tokens.values(), np.int32, num_reqs)
+        num_reqs = len(num_scheduled_tokens)
+        rows = np.fromiter(map(index.__getitem__, num_scheduled_tokens), np.int32, num_reqs)
+        num_tokens = np.fromiter(num_scheduled_tokens.values(), np.int32, num_reqs)
         order = np.argsort(num_tokens > 1, kind="stable")
         return rows[order], num_tokens[order]
 
@@ -299,14 +335,16 @@ class ModelRunner:
         """The sampled rows' values the step derives (the request columns are copied as they are)."""
         batch = self.input_batch
         num_outputs = batch.num_tokens[rows] + num_pending - batch.num_prompt_tokens[rows]
+        is_below_min_tokens = num_outputs < batch.min_tokens[rows]
+        self._lift_stop_id_bans(rows[batch.bans_stop_ids_in_bias[rows] & ~is_below_min_tokens])
         return {
             "logits_indices": logits_indices,
             "sample_slots": rows,
             "sample_positions": num_outputs,
-            "is_below_min_tokens": num_outputs < batch.min_tokens[rows],
+            "is_below_min_tokens": is_below_min_tokens,
         }
 
-    def _collect(self, record: StepRecord, sampled, logprobs, prompt_logprobs) -> ModelRunnerOutput:
+    def _collect(self, record: StepRecord, sampled, logprobs, prompt_logprobs, failed: set[str]) -> ModelRunnerOutput:
         """Waits for a step's tokens and appends each to its request.
 
         A request may have left the batch (preempted) or the runner (finished) since the step
@@ -318,7 +356,9 @@ class ModelRunner:
             [token] if is_sampling else [] for token, is_sampling in zip(tokens.tolist(), record.is_sampling.tolist())
         ]
         self._append_sampled_tokens(record, tokens)
-        output = ModelRunnerOutput(record.req_ids, dict(zip(record.req_ids, range(num_rows))), sampled_token_ids)
+        output = ModelRunnerOutput(
+            record.req_ids, dict(zip(record.req_ids, range(num_rows))), sampled_token_ids, failed_req_ids=failed
+        )
         collect_logprobs(record, logprobs, prompt_logprobs, self.requests, output)
         return output
 

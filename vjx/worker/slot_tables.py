@@ -8,6 +8,8 @@ table still holds neutral values (a zero bias row, no bad words).
 Legend: R slots (`max_num_seqs`), V vocab, B bad word sequences, W tokens per sequence.
 """
 
+from collections.abc import Sequence
+
 import jax
 import numpy as np
 from jax.sharding import Sharding
@@ -42,16 +44,19 @@ class SlotTables:
     def arrays(self) -> tuple[jax.Array, jax.Array]:
         return self.bias, self.bad_words
 
-    def set_slot(self, slot: int, params: SamplingParams) -> None:
-        """Writes the request's rows, or neutral rows over a previous occupant's."""
-        if not has_tables(params) and not self._is_dirty[slot]:
+    def set_slot(self, slot: int, params: SamplingParams, banned_token_ids: Sequence[int] = ()) -> None:
+        """Writes the request's rows (with -inf on `banned_token_ids`), or neutral rows over
+        a previous occupant's."""
+        is_used = has_tables(params) or bool(banned_token_ids)
+        if not is_used and not self._is_dirty[slot]:
             return
+        bias_row = self._bias_row(params, banned_token_ids)
         self.bias, self.bad_words = self._set_row(
-            self.bias, self.bad_words, np.int32(slot), self._bias_row(params), _bad_words_row(params)
+            self.bias, self.bad_words, np.int32(slot), bias_row, _bad_words_row(params)
         )
-        self._is_dirty[slot] = has_tables(params)
+        self._is_dirty[slot] = is_used
 
-    def _bias_row(self, params: SamplingParams) -> np.ndarray:
+    def _bias_row(self, params: SamplingParams, banned_token_ids: Sequence[int]) -> np.ndarray:
         row = np.zeros(self.vocab_size, np.float32)
         if params.allowed_token_ids:
             row[:] = -np.inf
@@ -59,6 +64,7 @@ class SlotTables:
         for token_id, bias in (params.logit_bias or {}).items():
             if token_id < self.vocab_size:
                 row[token_id] += bias
+        row[[t for t in banned_token_ids if t < self.vocab_size]] = -np.inf
         return row
 
 

@@ -34,7 +34,8 @@ from jaxtyping import Array, Bool, Float, Int
 
 from vjx.attention.metadata import AttentionMetadata
 from vjx.sampling.metadata import SamplingMetadata
-from vjx.sampling_params import MAX_MIN_TOKENS_STOP_IDS
+from vjx.sampling_params import MAX_MIN_TOKENS_STOP_IDS, SamplingParams
+from vjx.validation import INT32_MAX
 
 if TYPE_CHECKING:
     from vjx.worker.input_batch import CachedRequestState
@@ -114,6 +115,23 @@ def min_tokens_stop_ids(state: "CachedRequestState") -> list[int]:
     if state.eos_token_id is not None and not params.ignore_eos:
         stop_ids.append(state.eos_token_id)
     return stop_ids
+
+
+def bans_stop_ids_in_bias(state: "CachedRequestState") -> bool:
+    """Whether the request's stop ids are more than the step's table holds while it is still
+    below min_tokens: its logit bias row bans them instead, until it reaches min_tokens."""
+    is_below_min_tokens = len(state.output_token_ids) < state.sampling_params.min_tokens
+    return is_below_min_tokens and len(min_tokens_stop_ids(state)) > MAX_MIN_TOKENS_STOP_IDS
+
+
+def has_logit_bias(params: SamplingParams) -> bool:
+    return bool(params.logit_bias or params.allowed_token_ids)
+
+
+def _stop_id_column(state: "CachedRequestState") -> list[int]:
+    """The stop ids the table holds: none when they do not fit (see `bans_stop_ids_in_bias`)."""
+    stop_ids = min_tokens_stop_ids(state)
+    return stop_ids if len(stop_ids) <= MAX_MIN_TOKENS_STOP_IDS else []
 
 
 def _param(name: str) -> RequestColumn:
@@ -266,7 +284,7 @@ STEP_INPUTS = StepInputTable(
             "top_k",
             np.int32,
             Per.ROW,
-            _param("top_k"),
+            RequestColumn(lambda state: min(state.sampling_params.top_k, INT32_MAX)),
             "Keep the k largest logits (ties at the k-th too); 0, or k >= V, is off.",
             metadata=SAMPLING,
         ),
@@ -359,18 +377,16 @@ STEP_INPUTS = StepInputTable(
             "has_logit_bias",
             np.bool_,
             Per.ROW,
-            RequestColumn(
-                lambda state: bool(state.sampling_params.logit_bias or state.sampling_params.allowed_token_ids)
-            ),
-            "The row's logit bias (or allowed tokens) is not all zero.",
+            RequestColumn(lambda state: has_logit_bias(state.sampling_params) or bans_stop_ids_in_bias(state)),
+            "The row's logit bias row is not all zero (a bias, allowed tokens, or stop ids banned there).",
             metadata=SAMPLING,
         ),
         StepInput(
             "stop_token_ids",
             np.int32,
             Per.ROW,
-            RequestColumn(min_tokens_stop_ids),
-            "The row's EOS (unless ignore_eos) and stop_token_ids, padded with -1.",
+            RequestColumn(_stop_id_column),
+            "The row's EOS (unless ignore_eos) and stop_token_ids, padded with -1 (none when they do not fit).",
             padding=-1,
             width=Width("S", MAX_MIN_TOKENS_STOP_IDS),
             metadata=SAMPLING,

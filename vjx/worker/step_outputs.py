@@ -68,11 +68,9 @@ def collect_logprobs(
             continue
         width = state.sampling_params.prompt_logprobs + 1
         rows = state.prompt_logprobs
-        output.prompt_logprobs[state.req_id] = _lists(
-            np.array([r[0] for r in rows]).reshape(len(rows), -1),
-            np.array([r[1] for r in rows]).reshape(len(rows), -1),
-            np.array([r[2] for r in rows], np.int32),
-            width,
+        # A one-token prompt has no prompt logprob to send (its first token never has one).
+        output.prompt_logprobs[state.req_id] = (
+            _lists(*(np.stack(column) for column in zip(*rows)), width) if rows else LogprobsLists([], [], [])
         )
         state.prompt_logprobs = []
         state.has_sent_prompt_logprobs = True

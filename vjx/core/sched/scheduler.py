@@ -10,7 +10,7 @@ from vjx.core.sched.output import CachedRequestData, NewRequestData, SchedulerOu
 from vjx.core.sched.request_queue import SchedulingPolicy, create_request_queue
 from vjx.core.sched.stats import SchedulerStats
 from vjx.core.sched.utils import append_until_stop
-from vjx.engine.messages import EngineCoreOutput, EngineCoreOutputs
+from vjx.engine.messages import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from vjx.kv_cache_interface import KVCacheConfig
 from vjx.outputs import ModelRunnerOutput
 
@@ -299,7 +299,7 @@ class Scheduler:
         request that finished after this step was scheduled (aborted, or stopped by an
         earlier step under async scheduling) is gone, and its tokens are dropped.
         """
-        outputs = []
+        outputs = self._fail_requests(model_runner_output.failed_req_ids)
         stopped_running_ids, stopped_waiting = set(), []
         requests = self.requests
         req_id_to_index = model_runner_output.req_id_to_index
@@ -344,6 +344,12 @@ class Scheduler:
         finished_requests = self._finished_req_ids_to_report
         self._finished_req_ids_to_report = set()
         return EngineCoreOutputs(outputs=outputs, finished_requests=finished_requests)
+
+    def _fail_requests(self, request_ids: set[str]) -> list[EngineCoreOutput]:
+        """Finishes the requests the runner could not run, each with an ERROR output."""
+        failed = [r for r in request_ids if r in self.requests]
+        self.finish_requests(failed, RequestStatus.FINISHED_ERROR)
+        return [EngineCoreOutput(r, [], FinishReason.ERROR) for r in failed]
 
     def _update_request_with_output(self, request: Request, sampled_token_ids: list[int]) -> tuple[list[int], bool]:
         """The tokens kept (up to the first that stops the request) and whether it stopped."""
