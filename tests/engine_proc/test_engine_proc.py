@@ -181,13 +181,16 @@ def test_malformed_messages_do_not_kill_the_engine(async_llm, loop):
     context = zmq.Context()
     intruder = context.socket(zmq.PUSH)
     intruder.connect(async_llm.engine_core.engine.addresses["input"])
+    # Signed with the engine's token, so they reach the kind and payload checks.
+    token = async_llm.engine_core.engine.token
     for frames in (
-        [b"garbage"],
-        [b"ADD", b"\xc1\xc1"],
-        [b"ADD", b"\x93\x01\x02\x03"],
-        [b"UTILITY", b"\x80"],
-        [b"ABORT", b"\x91\x01"],
-        [b"\x80\x04pickle", b"."],
+        [token, b"garbage"],
+        [token, b"ADD", b"\xc1\xc1"],
+        [token, b"ADD", b"\x93\x01\x02\x03"],
+        [token, b"UTILITY", b"\x80"],
+        [token, b"ABORT", b"\x91\x01"],
+        [token, b"OUTPUTS", b"\x90"],
+        [token, b"\x80\x04pickle", b"."],
     ):
         intruder.send_multipart(frames)
     intruder.close(linger=2000)
@@ -300,6 +303,7 @@ def test_killed_engine_raises_engine_dead_error_everywhere(async_llm, loop):
 
     results, elapsed = _run(loop, scenario())
     assert all(isinstance(r, EngineDeadError) for r in results), results
+    assert str(results[0]) == "The engine process exited (exit code -9)."
     assert elapsed < 5 and async_llm.errored
     with pytest.raises(EngineDeadError):
         _run(loop, _collect(async_llm, PROMPTS[0], _greedy(DELTA), "after-death"))

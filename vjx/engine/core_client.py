@@ -15,6 +15,7 @@ import asyncio
 import collections
 import dataclasses
 import itertools
+import logging
 
 from vjx.config import VjxConfig
 from vjx.core.sched.stats import SchedulerStats
@@ -23,7 +24,10 @@ from vjx.engine.exceptions import EngineDeadError, EngineRequestError
 from vjx.engine.messages import EngineCoreOutputs, EngineCoreRequest
 from vjx.engine_args import EngineArgs
 
+logger = logging.getLogger(__name__)
+
 _POLL_MS = 100
+_MAX_REASON_CHARS = 200
 START_TIMEOUT_S = 1800.0
 """How long the engine process may take to load and compile before the client gives up."""
 
@@ -119,14 +123,27 @@ class InprocClient:
             core.shutdown()
 
 
+def dead_reason(error: str) -> str:
+    """What `EngineDeadError` says about an engine crash: the first line of "Type: message",
+    cut to 200 characters. Its text reaches unauthenticated `/health` callers, so the
+    traceback (file paths, internals) goes to the log only."""
+    lines = error.strip().splitlines() or ["unknown error"]
+    line = lines[0]
+    if len(line) > _MAX_REASON_CHARS:
+        line = line[: _MAX_REASON_CHARS - 3] + "..."
+    return f"EngineCore failed: {line}"
+
+
 class MPClient:
     """The sockets and the engine processes both multiprocess clients share.
 
-    One engine process per data-parallel replica, each with its own input socket; all of them
-    push to one output socket. Sends go through a plain socket and never block on a dead
-    engine: each waits for room in short polls and checks that the children still run.
-    `transport` is "ipc" (a private temp dir) or "tcp" (127.0.0.1 only). `engine`, `ready`
-    and `input_socket` are replica 0's.
+    One engine process per data-parallel replica, each with its own input socket (bound by
+    the child; ours connects once the child is ready); all of them push to one output socket
+    that we bind. Each replica signs its messages with its own token, and the output socket
+    accepts any of them. Sends go through a plain socket and never block on a dead engine:
+    each waits for room in short polls and checks that the children still run. `transport`
+    is "ipc" (a private temp dir) or "tcp" (127.0.0.1 only). `engine`, `ready` and
+    `input_socket` are replica 0's.
     """
 
     def __init__(self, engine_args: EngineArgs, start_timeout_s: float = START_TIMEOUT_S, transport: str = "ipc"):
@@ -141,15 +158,13 @@ class MPClient:
         ]
         self.engine = self.engines[0]
         self.context = zmq.Context()
-        self.input_sockets = []
-        for engine in self.engines:
-            self.input_sockets.append(self.context.socket(zmq.PUSH))
-            engine.bind(self.input_sockets[-1], "input")
-        self.input_socket = self.input_sockets[0]
         self.output_socket = self.context.socket(zmq.PULL)
         self.engine.bind(self.output_socket, "output")
         for engine in self.engines[1:]:
             engine.addresses["output"] = self.engine.addresses["output"]
+        self._output_tokens = [engine.token for engine in self.engines]
+        self.output_drops = serial.DropLog("the front end's output socket")
+        self.input_sockets: list = []
         self.balancer = LoadBalancer(num_replicas)
         self.dead_error: EngineDeadError | None = None
         self._call_ids = itertools.count()
@@ -158,12 +173,32 @@ class MPClient:
         except BaseException:
             self._close()
             raise
+        for engine in self.engines:
+            self.input_sockets.append(self.context.socket(zmq.PUSH))
+            self.input_sockets[-1].connect(engine.addresses["input"])
+        self.input_socket = self.input_sockets[0]
         self.ready = self.readies[0]
 
     def _mark_dead(self, message: str) -> EngineDeadError:
         if self.dead_error is None:
             self.dead_error = EngineDeadError(message)
         return self.dead_error
+
+    def _engine_failed(self, failure) -> EngineDeadError:
+        """A DEAD message: the traceback is logged here, once; the error keeps a short reason."""
+        logger.error("EngineCore failed; the engine process exits. Its traceback:\n%s", failure.traceback)
+        return self._mark_dead(dead_reason(failure.error))
+
+    def _decode_output(self, frames: list[bytes]):
+        """The (kind, payload) of a message on the output socket, or None for one that is
+        dropped: a forged or malformed frame never stops the reader or marks the engine dead.
+        The engines are checked on each drop, so a flood cannot hide their exit."""
+        try:
+            return self._serial.decode(frames, self._output_tokens, self._serial.OUTPUT_KINDS)
+        except ValueError as e:
+            self.output_drops.drop(e)
+        self._check_engine()
+        return None
 
     def _check_engine(self) -> None:
         if self.dead_error is not None:
@@ -174,7 +209,7 @@ class MPClient:
                 raise self._mark_dead(f"The engine process{replica} exited (exit code {engine.process.exitcode}).")
 
     def _send(self, kind: bytes, payload, rank: int = 0) -> None:
-        frames = self._serial.encode(kind, payload)
+        frames = self._serial.encode(self.engines[rank].token, kind, payload)
         self._check_engine()
         socket = self.input_sockets[rank]
         while not socket.poll(_POLL_MS, self._zmq.POLLOUT):
@@ -237,7 +272,10 @@ class SyncMPClient(MPClient):
         self._check_dead_flag()
         while not self.output_socket.poll(_POLL_MS):
             self._check_engine()
-        kind, payload = self._serial.decode(self.output_socket.recv_multipart())
+        message = self._decode_output(self.output_socket.recv_multipart())
+        if message is None:
+            return
+        kind, payload = message
         if kind == self._serial.OUTPUTS:
             self._note_outputs(payload)
             self._outputs.append(payload)
@@ -247,7 +285,7 @@ class SyncMPClient(MPClient):
             self.balancer.release([payload.request_id])
             raise EngineRequestError(payload.request_id, payload.message)
         elif kind == self._serial.DEAD:
-            raise self._mark_dead(f"EngineCore failed:\n{payload}")
+            raise self._engine_failed(payload)
 
     def _check_dead_flag(self) -> None:
         if self.dead_error is not None:
@@ -300,7 +338,9 @@ class AsyncMPClient(MPClient):
                 if not await socket.poll(_POLL_MS):
                     self._check_engine()
                     continue
-                self._dispatch(*self._serial.decode(await socket.recv_multipart()))
+                message = self._decode_output(await socket.recv_multipart())
+                if message is not None:
+                    self._dispatch(*message)
         except EngineDeadError as e:
             self._fail_all(e)
         except Exception as e:
@@ -318,7 +358,7 @@ class AsyncMPClient(MPClient):
             if future is not None and not future.done():
                 future.set_result(payload)
         elif kind == self._serial.DEAD:
-            raise self._mark_dead(f"EngineCore failed:\n{payload}")
+            raise self._engine_failed(payload)
 
     def _fail_all(self, error: EngineDeadError) -> None:
         self._outputs.put_nowait(error)

@@ -4,8 +4,13 @@ end tokenizes, detokenizes and serves HTTP.
 The child runs a busy loop (take inputs, step, queue outputs) with two socket threads: one
 decodes incoming messages into a queue, one sends queued outputs. The busy loop never
 touches a socket, so a slow front end never stalls a step. `EngineProcess` is the parent's
-handle: it binds the sockets (ipc:// in a private temp dir, or 127.0.0.1), spawns the
-child and waits for its handshake.
+handle: it spawns the child and waits for its handshake.
+
+Sockets live in a private temp dir (ipc://) or on 127.0.0.1. Only PULL sockets bind: the
+parent's handshake and output sockets, the child's input socket (its address comes back in
+the handshake); every PUSH connects. A bound PUSH would hand its messages to any peer that
+connects a PULL to it, so this way no foreign process can receive what a socket of ours
+sends; what a foreign process sends is dropped for lacking the engine's token (see `serial`).
 
 With data parallelism there is one child per replica, and each uses only its own device
 group. On GPUs the child hides the other devices before JAX starts (`jax_cuda_visible_devices`),
@@ -18,6 +23,7 @@ import logging
 import multiprocessing
 import os
 import queue
+import secrets
 import shutil
 import tempfile
 import threading
@@ -80,12 +86,14 @@ def _replica_config(engine_args: EngineArgs, placement: ReplicaPlacement) -> Vjx
 def run_engine_core(
     engine_args: bytes,
     addresses: dict[str, str],
+    token: bytes,
     cache_options: dict,
     parent_pid: int,
     placement: ReplicaPlacement = ReplicaPlacement(),
 ) -> None:
     """The child's entry point: set up the process, build EngineCore, report readiness (or
-    the error), serve."""
+    the error), serve. `token` signs every message; it comes in the spawn arguments, never
+    the command line (which every user can read) or the environment (which children inherit)."""
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True, name="vjx-parent-watch").start()
     context = zmq.Context()
     handshake = context.socket(zmq.PUSH)
@@ -94,26 +102,32 @@ def run_engine_core(
         process_setup.setup_engine_process(cache_options, placement.visible_devices)
         config = _replica_config(serial.decode_dataclass(engine_args, EngineArgs), placement)
         engine_core = EngineCore(config)
-        proc = EngineCoreProc(engine_core, context, addresses)
+        proc = EngineCoreProc(engine_core, context, addresses, token)
     except Exception:
-        handshake.send_multipart(serial.encode(serial.FAILED, traceback.format_exc()))
+        handshake.send_multipart(serial.encode(token, serial.FAILED, traceback.format_exc()))
         handshake.close(linger=_LINGER_MS)
         return
-    ready = serial.EngineReady(engine_core.num_gpu_blocks, config.scheduler_config.max_model_len)
-    handshake.send_multipart(serial.encode(serial.READY, ready))
+    ready = serial.EngineReady(engine_core.num_gpu_blocks, config.scheduler_config.max_model_len, proc.input_address)
+    handshake.send_multipart(serial.encode(token, serial.READY, ready))
     handshake.close(linger=_LINGER_MS)
     proc.run_busy_loop()
 
 
 class EngineCoreProc:
-    """The child's busy loop around one EngineCore."""
+    """The child's busy loop around one EngineCore.
 
-    def __init__(self, engine_core: EngineCore, context: zmq.Context, addresses: dict[str, str]):
+    It binds its input socket at `addresses["input"]` (`input_address` is where it ended up,
+    the port for tcp) and connects its output socket to the parent's."""
+
+    def __init__(self, engine_core: EngineCore, context: zmq.Context, addresses: dict[str, str], token: bytes):
         self.engine_core = engine_core
+        self.token = token
         self.input_queue: queue.Queue = queue.Queue()
         self.output_queue: queue.Queue = queue.Queue()
+        self.input_drops = serial.DropLog("the engine's input socket")
         input_socket = context.socket(zmq.PULL)
-        input_socket.connect(addresses["input"])
+        input_socket.bind(addresses["input"])
+        self.input_address = input_socket.getsockopt_string(zmq.LAST_ENDPOINT)
         output_socket = context.socket(zmq.PUSH)
         output_socket.connect(addresses["output"])
         threading.Thread(
@@ -128,10 +142,10 @@ class EngineCoreProc:
         while True:
             frames = socket.recv_multipart()
             try:
-                self.input_queue.put(serial.decode(frames))
+                self.input_queue.put(serial.decode(frames, [self.token], serial.INPUT_KINDS))
             except ValueError as e:
-                # A malformed message is dropped; the engine keeps serving everyone else.
-                logger.warning("Rejected a message on the engine's input socket: %s", e)
+                # A forged or malformed message is dropped; the engine keeps serving everyone else.
+                self.input_drops.drop(e)
 
     def _send_outputs(self, socket: zmq.Socket) -> None:
         while (frames := self.output_queue.get()) is not None:
@@ -145,13 +159,16 @@ class EngineCoreProc:
                 self._process_input_queue()
                 outputs = self.engine_core.step_fn()
                 if outputs.outputs or outputs.finished_requests:
-                    self.output_queue.put(serial.encode(serial.OUTPUTS, outputs))
-        except Exception:
+                    self._put_output(serial.OUTPUTS, outputs)
+        except Exception as e:
             logger.exception("EngineCore failed; the engine process exits.")
-            self.output_queue.put(serial.encode(serial.DEAD, traceback.format_exc()))
+            self._put_output(serial.DEAD, serial.EngineFailure(f"{type(e).__name__}: {e}", traceback.format_exc()))
             self.output_queue.put(None)
             self.output_thread.join(_SHUTDOWN_TIMEOUT_S)
             raise
+
+    def _put_output(self, kind: bytes, payload) -> None:
+        self.output_queue.put(serial.encode(self.token, kind, payload))
 
     def _process_input_queue(self) -> None:
         if not self.engine_core.has_work():
@@ -166,13 +183,11 @@ class EngineCoreProc:
             except Exception as e:
                 # The request fails alone; the others keep running.
                 error = serial.RequestError(payload.request_id, f"{type(e).__name__}: {e}")
-                self.output_queue.put(serial.encode(serial.REQUEST_ERROR, error))
+                self._put_output(serial.REQUEST_ERROR, error)
         elif kind == serial.ABORT:
             self.engine_core.abort_requests(payload)
-        elif kind == serial.UTILITY:
-            self.output_queue.put(serial.encode(serial.UTILITY_RESULT, self._call_utility(payload)))
         else:
-            logger.warning("Ignored a %s message on the engine's input socket.", kind.decode())
+            self._put_output(serial.UTILITY_RESULT, self._call_utility(payload))
 
     def _call_utility(self, call: serial.UtilityCall) -> serial.UtilityResult:
         if call.method == "get_stats":
@@ -196,11 +211,12 @@ def _stop(process: multiprocessing.process.BaseProcess, socket_dir: str) -> None
 
 
 class EngineProcess:
-    """The parent's handle on the engine process: addresses, the child, and its reaping.
+    """The parent's handle on the engine process: addresses, token, the child, and its reaping.
 
     With `transport="ipc"` the sockets live in a private temp dir (mode 0700), so no TCP port
-    listens; `"tcp"` binds ports on 127.0.0.1 only. The child is a daemon and a finalizer
-    stops it at shutdown or interpreter exit.
+    listens; `"tcp"` binds ports on 127.0.0.1 only. `token` is this child's secret: it signs
+    every message between the two. The child is a daemon and a finalizer stops it at
+    shutdown or interpreter exit.
     """
 
     def __init__(self, engine_args: EngineArgs, transport: str = "ipc", data_parallel_rank: int = 0):
@@ -211,6 +227,8 @@ class EngineProcess:
             name: f"ipc://{self.socket_dir}/{name}" if transport == "ipc" else "tcp://127.0.0.1:*"
             for name in ("handshake", "input", "output")
         }
+        self.token = secrets.token_bytes(32)
+        self.handshake_drops = serial.DropLog("the handshake socket")
         self.engine_args = engine_args
         self.data_parallel_rank = data_parallel_rank
         self.process: multiprocessing.process.BaseProcess | None = None
@@ -233,6 +251,7 @@ class EngineProcess:
         args = (
             serial.encode_dataclass(self.engine_args),
             self.addresses,
+            self.token,
             process_setup.compilation_cache_options(),
             os.getpid(),
             placement,
@@ -245,7 +264,9 @@ class EngineProcess:
         return handshake
 
     def wait_ready(self, handshake: zmq.Socket, start_timeout_s: float) -> serial.EngineReady:
-        """The child's handshake (closing `handshake`); raises RuntimeError with its error."""
+        """The child's handshake (closing `handshake`); raises RuntimeError with its error.
+
+        On READY, `addresses["input"]` becomes the address the child bound."""
         try:
             kind, payload = self._wait_handshake(handshake, start_timeout_s)
         finally:
@@ -253,18 +274,27 @@ class EngineProcess:
         if kind == serial.FAILED:
             self.shutdown()
             raise RuntimeError(f"Engine process failed to start:\n{payload}")
+        self.addresses["input"] = payload.input_address
         return payload
 
     def _wait_handshake(self, socket: zmq.Socket, timeout_s: float) -> tuple[bytes, object]:
+        """The child's READY or FAILED; forged messages are dropped and do not end the wait.
+        The child and the deadline are checked before every read, so a flood cannot hide
+        the child's exit."""
         deadline = time.monotonic() + timeout_s
-        while not socket.poll(int(_PARENT_POLL_S * 1000)):
+        while True:
             if not self.process.is_alive():
                 self.shutdown()
                 raise RuntimeError(f"Engine process exited during start-up (exit code {self.process.exitcode}).")
             if time.monotonic() > deadline:
                 self.shutdown()
                 raise RuntimeError(f"Engine process did not start within {timeout_s} s.")
-        return serial.decode(socket.recv_multipart())
+            if not socket.poll(int(_PARENT_POLL_S * 1000)):
+                continue
+            try:
+                return serial.decode(socket.recv_multipart(), [self.token], serial.HANDSHAKE_KINDS)
+            except ValueError as e:
+                self.handshake_drops.drop(e)
 
     def is_alive(self) -> bool:
         return self.process is not None and self.process.is_alive()

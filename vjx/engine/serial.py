@@ -1,11 +1,19 @@
 """The wire format between the front end and the engine process: msgspec msgpack, no pickle.
 
-A message is a list of ZeroMQ frames: a one-word kind, then msgpack payloads. The typed
-decoders reject anything that is not the expected shape, so a malformed message raises
-`msgspec.ValidationError` / `msgspec.DecodeError` instead of reaching the engine.
+A message is three ZeroMQ frames: the engine's token, a one-word kind, a msgpack payload.
+Any process of the same user can reach the sockets, so the token (a secret the parent makes
+per engine process and hands to the child in its spawn arguments) is what tells our own
+messages from injected ones. `decode` raises ValueError for a missing or wrong token, a kind
+the socket does not carry, or a payload the typed decoder rejects; receivers drop such a
+message through a `DropLog` and keep serving.
 """
 
 import dataclasses
+import hmac
+import logging
+import math
+import time
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -24,6 +32,15 @@ OUTPUTS = b"OUTPUTS"
 UTILITY_RESULT = b"UTILITY_RESULT"
 REQUEST_ERROR = b"REQUEST_ERROR"
 DEAD = b"DEAD"
+
+INPUT_KINDS = (ADD, ABORT, UTILITY)
+"""What the engine's input socket carries."""
+HANDSHAKE_KINDS = (READY, FAILED)
+"""What the parent's handshake socket carries."""
+OUTPUT_KINDS = (OUTPUTS, UTILITY_RESULT, REQUEST_ERROR, DEAD)
+"""What the front end's output socket carries."""
+
+logger = logging.getLogger(__name__)
 
 UTILITY_RESULT_TYPES: dict[str, Any] = {"get_stats": SchedulerStats, "reset_prefix_cache": bool}
 """The utilities the engine process serves, with the type of each one's result."""
@@ -50,6 +67,18 @@ class EngineReady:
 
     num_gpu_blocks: int
     max_model_len: int
+    input_address: str
+    """Where the child bound its input socket; the parent connects its sender there."""
+
+
+@dataclasses.dataclass
+class EngineFailure:
+    """Why the busy loop died (the DEAD message)."""
+
+    error: str
+    """The exception's type and message."""
+    traceback: str
+    """For the front end's log only: it holds file paths and internals."""
 
 
 @dataclasses.dataclass
@@ -68,26 +97,58 @@ _decoders = {
     OUTPUTS: msgspec.msgpack.Decoder(EngineCoreOutputs),
     UTILITY_RESULT: msgspec.msgpack.Decoder(UtilityResult),
     REQUEST_ERROR: msgspec.msgpack.Decoder(RequestError),
-    DEAD: msgspec.msgpack.Decoder(str),
+    DEAD: msgspec.msgpack.Decoder(EngineFailure),
 }
 _result_decoders = {method: msgspec.msgpack.Decoder(kind) for method, kind in UTILITY_RESULT_TYPES.items()}
 
 
-def encode(kind: bytes, payload: Any) -> list[bytes]:
-    return [kind, _encoder.encode(payload)]
+def encode(token: bytes, kind: bytes, payload: Any) -> list[bytes]:
+    return [token, kind, _encoder.encode(payload)]
 
 
-def decode(frames: list[bytes]) -> tuple[bytes, Any]:
-    """Returns (kind, payload); raises ValueError for an unknown kind or a bad payload."""
-    if len(frames) != 2 or frames[0] not in _decoders:
-        raise ValueError(
-            f"message must be [kind, payload] with kind in {sorted(_decoders)}, "
-            f"got {len(frames)} frames starting {frames[0][:16]!r}."
-        )
+def decode(frames: list[bytes], tokens: Sequence[bytes], kinds: Sequence[bytes]) -> tuple[bytes, Any]:
+    """Returns (kind, payload) of a message signed with one of `tokens` whose kind is one of
+    `kinds`; raises ValueError for anything else."""
+    if len(frames) != 3:
+        raise ValueError(f"message must be [token, kind, payload], got {len(frames)} frames.")
+    # Every token is compared, in constant time, so the timing tells nothing about them.
+    if not any([hmac.compare_digest(frames[0], token) for token in tokens]):
+        raise ValueError("message has a missing or wrong token.")
+    kind, payload = frames[1], frames[2]
+    if kind not in kinds:
+        raise ValueError(f"message kind must be one of {sorted(kinds)}, got {kind[:16]!r}.")
     try:
-        return frames[0], _decoders[frames[0]].decode(frames[1])
+        return kind, _decoders[kind].decode(payload)
     except msgspec.MsgspecError as e:
-        raise ValueError(f"bad {frames[0].decode()} payload: {e}") from e
+        raise ValueError(f"bad {kind.decode()} payload: {e}") from e
+
+
+class DropLog:
+    """Warns about the messages a socket drops: the first at once, then at most one count per
+    `interval_s`, so a flood of forged frames cannot fill the log."""
+
+    def __init__(self, socket_name: str, interval_s: float = 10.0):
+        self.socket_name = socket_name
+        self.interval_s = interval_s
+        self.num_unlogged = 0
+        self.last_logged = -math.inf
+
+    def drop(self, error: ValueError) -> None:
+        self.num_unlogged += 1
+        now = time.monotonic()
+        if now - self.last_logged < self.interval_s:
+            return
+        if self.num_unlogged == 1:
+            logger.warning("Dropped a message on %s: %s", self.socket_name, error)
+        else:
+            logger.warning(
+                "Dropped %d messages on %s in the %.0f s since the last warning; the latest: %s",
+                self.num_unlogged,
+                self.socket_name,
+                now - self.last_logged,
+                error,
+            )
+        self.num_unlogged, self.last_logged = 0, now
 
 
 def encode_result(value: Any) -> bytes:
