@@ -140,6 +140,9 @@ def _clamped_logit_bias(logit_bias) -> dict[int, float] | None:
             token_id = check_int("logit_bias", int(token) if isinstance(token, str) else token)
         except ValueError:
             raise ValueError(f"logit_bias keys must be token ids, got {token!r}.") from None
-        bias = check_float(f"logit_bias[{token_id}]", bias)
+        try:
+            bias = check_float("logit_bias", bias)
+        except ValueError:
+            raise ValueError(f"logit_bias values must be finite numbers, got {bias!r} for token {token_id}.") from None
         clamped[token_id] = min(_MAX_LOGIT_BIAS, max(-_MAX_LOGIT_BIAS, bias))
     return clamped
