@@ -1,9 +1,10 @@
 """The OpenAI-compatible HTTP server: a FastAPI app on one AsyncLLM, run by uvicorn.
 
-`build_app` wires the routes to the handlers (serving_*.py) behind `ServerGuard`;
-`run_server` starts the engine process, then uvicorn, whose SIGTERM handling stops
-accepting connections and waits up to `--shutdown-timeout` for requests in flight before
-the engine is shut down.
+`build_app` wires the routes to the handlers (serving_*.py) behind `ServerGuard`; a body
+that sets a field vjx does not honour (serving/unsupported_fields.py) is refused before
+its handler runs. `run_server` starts the engine process, then uvicorn, whose SIGTERM
+handling stops accepting connections and waits up to `--shutdown-timeout` for requests in
+flight before the engine is shut down.
 """
 
 import asyncio
@@ -37,7 +38,9 @@ from serving.serving_chat import OpenAIServingChat
 from serving.serving_completion import OpenAIServingCompletion
 from serving.serving_models import OpenAIServingModels
 from serving.serving_tokenization import OpenAIServingTokenization
-from serving.sse import EventStreamResponse, to_openai_error
+from serving.sse import to_openai_error
+from serving.tokenizer_pool import TokenizerPool
+from serving.unsupported_fields import check_supported_fields
 from vjx.engine.async_llm import AsyncLLM
 from vjx.engine.exceptions import EngineDeadError
 from vjx.engine_args import EngineArgs
@@ -60,9 +63,11 @@ class ServerState:
         model_path = engine.config.model_config.model
         self.models = OpenAIServingModels(served_model_names, model_path, engine.max_model_len)
         chat_template = load_chat_template(server_args.chat_template)
-        self.completion = OpenAIServingCompletion(engine, self.models)
-        self.chat = OpenAIServingChat(engine, self.models, chat_template)
-        self.tokenization = OpenAIServingTokenization(engine, self.models, chat_template)
+        self.tokenizer_pool = TokenizerPool(engine.get_tokenizer())
+        shared = (engine, self.models, server_args, self.tokenizer_pool)
+        self.completion = OpenAIServingCompletion(*shared)
+        self.chat = OpenAIServingChat(*shared, chat_template)
+        self.tokenization = OpenAIServingTokenization(*shared, chat_template)
         self.metrics = ServerMetrics(self.models.model_name)
         engine.stats_listeners.append(self.metrics)
 
@@ -83,7 +88,12 @@ def _json(model_or_dict, status_code: int = 200) -> Response:
 
 
 def _error_response(error: OpenAIError) -> Response:
-    return Response(content=error.to_json_bytes(), status_code=error.status_code, media_type="application/json")
+    return Response(
+        content=error.to_json_bytes(),
+        status_code=error.status_code,
+        headers=error.headers,
+        media_type="application/json",
+    )
 
 
 async def _wait_for_disconnect(receive) -> None:
@@ -100,6 +110,7 @@ async def _serve(raw_request: Request, model_class: type[RequestModel], handler:
         raise OpenAIError(f"The request body is not valid UTF-8: {e.reason} at byte {e.start}.", 400) from None
     except pydantic.ValidationError as e:
         raise OpenAIError.from_validation_error(e) from None
+    check_supported_fields(request)
     handler_task = asyncio.ensure_future(handler(request))
     disconnect = asyncio.ensure_future(_wait_for_disconnect(raw_request.receive))
     try:
@@ -112,7 +123,7 @@ async def _serve(raw_request: Request, model_class: type[RequestModel], handler:
     if handler_task.cancelled():
         return Response(status_code=_CLIENT_CLOSED)
     result = handler_task.result()
-    return result if isinstance(result, EventStreamResponse) else _json(result)
+    return result if isinstance(result, Response) else _json(result)
 
 
 def _add_routes(app: fastapi.FastAPI, state: ServerState) -> None:
@@ -121,7 +132,7 @@ def _add_routes(app: fastapi.FastAPI, state: ServerState) -> None:
         try:
             await state.engine.check_health()
         except EngineDeadError as e:
-            return _error_response(OpenAIError(f"The engine is dead: {e}", 503))
+            return _error_response(OpenAIError.engine_dead(e))
         return Response(status_code=200)
 
     @app.get("/version")
@@ -145,19 +156,13 @@ def _add_routes(app: fastapi.FastAPI, state: ServerState) -> None:
     async def chat_completions(raw_request: Request):
         return await _serve(raw_request, ChatCompletionRequest, state.chat.create_chat_completion)
 
-    async def tokenize_handler(request):
-        return state.tokenization.create_tokenize(request)
-
-    async def detokenize_handler(request):
-        return state.tokenization.create_detokenize(request)
-
     @app.post("/tokenize")
     async def tokenize(raw_request: Request):
-        return await _serve(raw_request, TokenizeRequest, tokenize_handler)
+        return await _serve(raw_request, TokenizeRequest, state.tokenization.create_tokenize)
 
     @app.post("/detokenize")
     async def detokenize(raw_request: Request):
-        return await _serve(raw_request, DetokenizeRequest, detokenize_handler)
+        return await _serve(raw_request, DetokenizeRequest, state.tokenization.create_detokenize)
 
 
 def _add_error_handlers(app: fastapi.FastAPI) -> None:
@@ -190,6 +195,7 @@ def build_app(state: ServerState) -> ServerGuard:
         finally:
             if stats_logger is not None:
                 stats_logger.cancel()
+            state.tokenizer_pool.shutdown()
             state.engine.shutdown()
 
     app = fastapi.FastAPI(title="vjx", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None)

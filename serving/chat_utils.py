@@ -3,7 +3,7 @@
 import os
 
 from serving.errors import OpenAIError
-from serving.protocol import ChatMessage
+from serving.protocol import ChatMessage, TextContentPart
 
 
 def load_chat_template(chat_template: str | None) -> str | None:
@@ -21,14 +21,23 @@ def load_chat_template(chat_template: str | None) -> str | None:
     return chat_template
 
 
+def to_text(content: str | list[TextContentPart] | None) -> str:
+    """A message's content as one text: its parts joined by newlines."""
+    if isinstance(content, list):
+        return "\n".join(part.text for part in content)
+    return content or ""
+
+
+def conversation_size(messages: list[ChatMessage]) -> int:
+    """The characters of the messages' contents: what rendering them through a template costs."""
+    return sum(len(to_text(message.content)) for message in messages)
+
+
 def to_conversation(messages: list[ChatMessage]) -> list[dict]:
     """Messages as the tokenizer's template takes them: content parts joined into one text."""
     conversation = []
     for message in messages:
-        content = message.content
-        if isinstance(content, list):
-            content = "\n".join(part.text for part in content)
-        entry = {"role": message.role, "content": content or ""}
+        entry = {"role": message.role, "content": to_text(message.content)}
         if message.name is not None:
             entry["name"] = message.name
         conversation.append(entry)

@@ -2,13 +2,21 @@
 
 `{"error": {"message": ..., "type": ..., "param": ..., "code": <HTTP status>}}`: the
 `type` is the OpenAI API's word for the status, `param` names the request field at fault
-when one is known.
+when one is known. Failures inside the server (a dead engine, a bug) reach the client as a
+short fixed message; their detail, which can hold a traceback and file paths, goes to the
+server log.
 """
 
+import functools
 import http
 import json
+import logging
 
 import pydantic
+
+from vjx.engine.exceptions import EngineDeadError
+
+logger = logging.getLogger(__name__)
 
 _TYPES = {
     400: "invalid_request_error",
@@ -17,16 +25,21 @@ _TYPES = {
     500: "internal_server_error",
     503: "service_unavailable_error",
 }
+ENGINE_DEAD_MESSAGE = "The engine is not running; see the server log."
 
 
 class OpenAIError(Exception):
-    """A request failed with `status_code`; the message is for the person who sent it."""
+    """A request failed with `status_code`; the message is for the person who sent it, the
+    `headers` go with the response (e.g. Retry-After)."""
 
-    def __init__(self, message: str, status_code: int = 400, param: str | None = None):
+    def __init__(
+        self, message: str, status_code: int = 400, param: str | None = None, headers: dict[str, str] | None = None
+    ):
         super().__init__(message)
         self.message = message
         self.status_code = status_code
         self.param = param
+        self.headers = headers or {}
 
     def to_dict(self) -> dict:
         error_type = _TYPES.get(self.status_code, http.HTTPStatus(self.status_code).phrase.replace(" ", "_").lower())
@@ -56,6 +69,26 @@ class OpenAIError(Exception):
         if num_more:
             message += f" (and {num_more} more error{'s' if num_more > 1 else ''})"
         return cls(message, 400, param)
+
+    @classmethod
+    def engine_dead(cls, error: EngineDeadError) -> "OpenAIError":
+        """The 503 of a dead engine; why it died is logged (once), not sent."""
+        _log_engine_death(str(error))
+        return cls(ENGINE_DEAD_MESSAGE, 503)
+
+    @classmethod
+    def internal(cls, error: BaseException, request_id: str | None) -> "OpenAIError":
+        """The 500 of an unexpected failure: logged with its traceback and the request id,
+        which the client's message names so the two can be matched up."""
+        logger.error("Request %s failed in the server.", request_id or "(no id yet)", exc_info=error)
+        where = f" (request {request_id})" if request_id else ""
+        return cls(f"The server failed on this request{where}; see the server log.", 500)
+
+
+@functools.cache
+def _log_engine_death(reason: str) -> None:
+    # Every later request meets the same dead engine: its reason is worth one log entry.
+    logger.error("The engine is dead: %s", reason)
 
 
 def error_body(message: str, status_code: int, param: str | None = None) -> bytes:

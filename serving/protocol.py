@@ -2,8 +2,10 @@
 pydantic models.
 
 Requests are validated strictly from JSON (`parse_request`): a string where a number
-belongs is an error, not a conversion. Unknown fields are ignored, as the OpenAI API does.
-Ranges that depend on the engine (max_logprobs, max_model_len) are checked by the handlers.
+belongs is an error, not a conversion. Unknown fields are kept aside (`model_extra`) and
+ignored, as vLLM does, except those serving/unsupported_fields.py refuses. Ranges that
+depend on the engine or the server's limits (max_logprobs, max_model_len, --max-n, ...)
+are checked by the handlers.
 """
 
 import time
@@ -13,15 +15,13 @@ from typing import Literal, TypeVar
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
-MAX_N = 128
-"""Most completions one request may ask for."""
 MAX_LOGPROBS = 20
 """Most top logprobs per token the OpenAI API allows."""
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 class RequestModel(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="allow")
 
 
 class StreamOptions(RequestModel):
@@ -32,7 +32,7 @@ class SamplingRequest(RequestModel):
     """The fields completions and chat completions share (OpenAI's, then vLLM's extras)."""
 
     model: str | None = None
-    n: int = Field(1, ge=1, le=MAX_N)
+    n: int = Field(1, ge=1)
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
@@ -94,7 +94,8 @@ class ChatCompletionRequest(SamplingRequest):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
-    """vLLM's: the streamed reply starts with the last message's content."""
+    """vLLM's: each reply starts with the last message's content when that message is the
+    reply's role."""
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     add_special_tokens: bool = False

@@ -3,8 +3,12 @@
 
 import argparse
 import dataclasses
+import typing
 
 _ACCESS_LOGS = ("off", "text", "json")
+DEFAULT_QUEUE_DEPTH = 1024
+"""Requests that may wait beyond what the engine runs at once, unless --max-num-queued-reqs
+says otherwise."""
 
 
 def _field(default, help: str, **cli):
@@ -29,6 +33,21 @@ class ServerArgs:
     shutdown_timeout: float = _field(30.0, "Seconds SIGTERM waits for in-flight requests before stopping.")
     max_request_body_bytes: int = _field(16 * 1024 * 1024, "Largest request body; larger ones get a 400.")
     max_header_bytes: int = _field(16 * 1024, "Largest total size of a request's headers; larger ones get a 400.")
+    max_prompts_per_request: int = _field(256, "Most prompts in one /v1/completions request; more get a 400.")
+    max_n: int = _field(128, "Largest `n` (completions per prompt) a request may ask for; larger get a 400.")
+    max_tokens_limit: int | None = _field(
+        None,
+        "Largest max_tokens / max_completion_tokens a request may ask for (larger get a 400), and the "
+        "default when a request gives none; only max_model_len minus the prompt bounds them when not given.",
+    )
+    max_stop_strings: int = _field(32, "Most stop strings in one request; more get a 400.")
+    max_stop_string_length: int = _field(1024, "Longest stop string, in characters; longer ones get a 400.")
+    max_num_queued_reqs: int | None = _field(
+        None,
+        "Most engine requests in flight, running or waiting (a request with n=4 counts 4; vLLM's flag); "
+        "past it a new request gets a 503 with Retry-After instead of an unbounded queue. "
+        f"When not given: what the engine runs at once (max_num_seqs per replica) plus {DEFAULT_QUEUE_DEPTH}.",
+    )
     access_log: str = _field("text", f"Access log lines: one of {_ACCESS_LOGS}.")
     stats_interval: float = _field(10.0, "Seconds between stats log lines (unless --disable-log-stats).")
     log_level: str = _field("info", "Log level of the server and uvicorn: debug, info, warning or error.")
@@ -36,7 +55,7 @@ class ServerArgs:
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
         for f in dataclasses.fields(cls):
-            kind = f.type if isinstance(f.type, type) else None
+            kind = ([a for a in typing.get_args(f.type) if a is not type(None)] or [f.type])[0]
             kwargs = {"default": f.default, "help": f.metadata["help"], **f.metadata["cli"]}
             if kind in (int, float):
                 kwargs["type"] = kind
@@ -56,9 +75,24 @@ class ServerArgs:
         for name in ("max_request_body_bytes", "max_header_bytes"):
             if getattr(self, name) < 1024:
                 raise ValueError(f"{name} must be at least 1024, got {getattr(self, name)}.")
+        for name in ("max_prompts_per_request", "max_n", "max_tokens_limit", "max_stop_string_length"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}.")
+        for name in ("max_stop_strings", "max_num_queued_reqs"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}.")
         if self.shutdown_timeout < 0:
             raise ValueError(f"shutdown_timeout must be >= 0, got {self.shutdown_timeout}.")
         if self.stats_interval <= 0:
             raise ValueError(f"stats_interval must be > 0, got {self.stats_interval}.")
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key must not be empty (leave it out to serve without a key).")
+
+    def queued_reqs_limit(self, max_num_running: int) -> int:
+        """--max-num-queued-reqs, or, when not given, `max_num_running` (what the engine runs
+        at once: max_num_seqs times the data-parallel replicas) plus the default queue depth."""
+        if self.max_num_queued_reqs is not None:
+            return self.max_num_queued_reqs
+        return max_num_running + DEFAULT_QUEUE_DEPTH

@@ -2,13 +2,15 @@
 
 The messages go through the chat template (the tokenizer's, or `--chat-template`) into one
 prompt; `n` completions of it are the choices. A stream starts each choice with the
-assistant role, then sends content deltas, then the finish reason.
+assistant role, then sends content deltas, then the finish reason. vLLM's `echo` puts the
+last message's content in front of each choice's when that message is the reply's role
+(the assistant's, or any with `add_generation_prompt=false`).
 """
 
 import time
 from collections.abc import AsyncGenerator
 
-from serving.chat_utils import apply_chat_template
+from serving.chat_utils import apply_chat_template, conversation_size, to_text
 from serving.errors import OpenAIError
 from serving.protocol import (
     ChatChoiceLogprobs,
@@ -24,9 +26,11 @@ from serving.protocol import (
     UsageInfo,
     random_id,
 )
+from serving.server_args import ServerArgs
 from serving.serving_engine import OpenAIServing, merge_streams
 from serving.serving_models import OpenAIServingModels
 from serving.sse import DONE_EVENT, EventStreamResponse, error_event, sse_event
+from serving.tokenizer_pool import TokenizerPool
 from vjx.engine.async_llm import AsyncLLM
 from vjx.outputs import CompletionOutput
 
@@ -59,8 +63,15 @@ def make_chat_logprobs(token_ids: list[int], logprobs: list, num_top: int) -> Ch
 
 
 class OpenAIServingChat(OpenAIServing):
-    def __init__(self, engine: AsyncLLM, models: OpenAIServingModels, chat_template: str | None):
-        super().__init__(engine, models)
+    def __init__(
+        self,
+        engine: AsyncLLM,
+        models: OpenAIServingModels,
+        server_args: ServerArgs,
+        tokenizer_pool: TokenizerPool,
+        chat_template: str | None,
+    ):
+        super().__init__(engine, models, server_args, tokenizer_pool)
         self.chat_template = chat_template
 
     async def create_chat_completion(
@@ -68,19 +79,22 @@ class OpenAIServingChat(OpenAIServing):
     ) -> ChatCompletionResponse | EventStreamResponse:
         """The response, or for `stream=True` the server-sent events (ending in `[DONE]`)."""
         self.check_model(request)
+        self.check_limits(request)
         if request.top_logprobs is not None and not request.logprobs:
             raise OpenAIError("top_logprobs needs logprobs to be true.", 400, "top_logprobs")
         num_logprobs = (request.top_logprobs or 0) if request.logprobs else None
         self.check_logprobs(num_logprobs, "top_logprobs")
         self.check_logprobs(request.prompt_logprobs, "prompt_logprobs")
-        text = apply_chat_template(
+        text = await self.tokenizer_pool.run(
+            conversation_size(request.messages),
+            apply_chat_template,
             self.tokenizer,
             request.messages,
             self.chat_template,
             request.add_generation_prompt,
             request.continue_final_message,
         )
-        prompt = self.tokenize(text, request.add_special_tokens, request.truncate_prompt_tokens, "messages")
+        prompt = await self.tokenize(text, request.add_special_tokens, request.truncate_prompt_tokens, "messages")
         if request.max_completion_tokens is not None:
             max_tokens = self.check_lengths(len(prompt), request.max_completion_tokens, "max_completion_tokens")
         else:
@@ -91,6 +105,14 @@ class OpenAIServingChat(OpenAIServing):
         if request.stream:
             return EventStreamResponse(self._stream(request, request_id, len(prompt), streams), streams)
         return await self._full(request, request_id, len(prompt), streams)
+
+    @staticmethod
+    def _echo_text(request: ChatCompletionRequest) -> str:
+        """What `echo` puts in front of each choice's content."""
+        last = request.messages[-1]
+        if not request.echo or (request.add_generation_prompt and last.role != "assistant"):
+            return ""
+        return to_text(last.content)
 
     def _logprobs(self, request: ChatCompletionRequest, completion: CompletionOutput) -> ChatChoiceLogprobs | None:
         if not request.logprobs:
@@ -105,10 +127,11 @@ class OpenAIServingChat(OpenAIServing):
         final = None
         async for _, output in merge_streams(streams):
             final = output
+        echo = self._echo_text(request)
         choices = [
             ChatCompletionResponseChoice(
                 index=completion.index,
-                message=ChatMessageOut(content=completion.text),
+                message=ChatMessageOut(content=echo + completion.text),
                 logprobs=self._logprobs(request, completion),
                 finish_reason=completion.finish_reason,
                 stop_reason=completion.stop_reason,
@@ -133,7 +156,7 @@ class OpenAIServingChat(OpenAIServing):
         self, request: ChatCompletionRequest, request_id: str, num_prompt_tokens: int, streams
     ) -> AsyncGenerator[str, None]:
         created = int(time.time())
-        echo = request.messages[-1].content if request.echo and isinstance(request.messages[-1].content, str) else ""
+        echo = self._echo_text(request)
         for index in range(request.n):
             delta = DeltaMessage(role="assistant", content=echo)
             yield self._chunk(request_id, created, ChatCompletionStreamChoice(index=index, delta=delta))
@@ -160,5 +183,5 @@ class OpenAIServingChat(OpenAIServing):
                 )
                 yield sse_event(chunk.model_dump_json())
         except Exception as e:  # noqa: BLE001 - reported to the client as an error event
-            yield error_event(e)
+            yield error_event(e, request_id)
         yield DONE_EVENT

@@ -56,6 +56,7 @@ class OpenAIServingCompletion(OpenAIServing):
     async def create_completion(self, request: CompletionRequest) -> CompletionResponse | EventStreamResponse:
         """The response, or for `stream=True` the server-sent events (ending in `[DONE]`)."""
         self.check_model(request)
+        self.check_limits(request)
         if request.suffix is not None:
             raise OpenAIError("suffix is not supported.", 400, "suffix")
         if request.best_of is not None and request.best_of != request.n:
@@ -67,7 +68,7 @@ class OpenAIServingCompletion(OpenAIServing):
         self.check_logprobs(request.logprobs, "logprobs")
         self.check_logprobs(request.prompt_logprobs, "prompt_logprobs")
         prompts = [
-            self.tokenize(p, request.add_special_tokens, request.truncate_prompt_tokens)
+            await self.tokenize(p, request.add_special_tokens, request.truncate_prompt_tokens)
             for p in self._split_prompts(request.prompt)
         ]
         prompt_logprobs = request.logprobs if request.echo and request.logprobs is not None else None
@@ -88,19 +89,28 @@ class OpenAIServingCompletion(OpenAIServing):
             return EventStreamResponse(self._stream(request, request_id, prompts, streams), streams)
         return await self._full(request, request_id, prompts, streams)
 
-    @staticmethod
-    def _split_prompts(prompt) -> list:
+    def _split_prompts(self, prompt) -> list:
+        """The request's prompts, at most --max-prompts-per-request of them."""
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
             return [prompt]
         if not prompt:
             raise OpenAIError("prompt must not be empty.", 400, "prompt")
+        limit = self.server_args.max_prompts_per_request
+        if len(prompt) > limit:
+            raise OpenAIError(
+                f"prompt may hold at most {limit} prompts (the server's limit), got {len(prompt)}.", 400, "prompt"
+            )
         return list(prompt)
 
-    def _echo_prefix(self, request: CompletionRequest, output: RequestOutput) -> tuple[str, list[int], list | None]:
+    async def _echo_prefix(
+        self, request: CompletionRequest, output: RequestOutput
+    ) -> tuple[str, list[int], list | None]:
         """What echo puts in front of a choice: the prompt's text, ids and logprobs."""
         if not request.echo:
             return "", [], None
-        text = output.prompt if output.prompt is not None else self.tokenizer.decode(output.prompt_token_ids)
+        text = output.prompt
+        if text is None:
+            text = await self.tokenizer_pool.decode(output.prompt_token_ids)
         return text, list(output.prompt_token_ids), output.prompt_logprobs
 
     def _make_choice(
@@ -136,7 +146,7 @@ class OpenAIServingCompletion(OpenAIServing):
         choices = []
         for prompt_index in range(len(prompts)):
             output = finals[prompt_index]
-            prefix = self._echo_prefix(request, output)
+            prefix = await self._echo_prefix(request, output)
             for completion in output.outputs:
                 choices.append(
                     self._make_choice(request, prompt_index * request.n + completion.index, completion, prefix)
@@ -161,7 +171,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 for completion in output.outputs:
                     index = prompt_index * request.n + completion.index
                     is_first = index not in offsets
-                    prefix = self._echo_prefix(request, output) if is_first else ("", [], None)
+                    prefix = await self._echo_prefix(request, output) if is_first else ("", [], None)
                     choice = self._make_choice(request, index, completion, prefix, offsets.get(index, 0))
                     offsets[index] = offsets.get(index, 0) + len(choice.text)
                     num_generated += len(completion.token_ids)
@@ -176,5 +186,5 @@ class OpenAIServingCompletion(OpenAIServing):
                 )
                 yield sse_event(chunk.model_dump_json())
         except Exception as e:  # noqa: BLE001 - reported to the client as an error event
-            yield error_event(e)
+            yield error_event(e, request_id)
         yield DONE_EVENT

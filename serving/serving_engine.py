@@ -1,7 +1,9 @@
 """OpenAIServing: what the completions and chat handlers share.
 
-Model-name checks, prompt tokenization and length checks, the request -> `SamplingParams`
-mapping, and the engine call that turns the engine's `ValueError`s into 400s.
+Model-name checks, the operator's limits (ServerArgs), prompt tokenization (off the event
+loop, through the TokenizerPool) and length checks, the request -> `SamplingParams`
+mapping, and the engine call: refused with a 503 while the engine already holds
+`--max-num-queued-reqs` requests, and turning the engine's `ValueError`s into 400s.
 """
 
 import asyncio
@@ -9,28 +11,61 @@ from collections.abc import AsyncGenerator
 
 from serving.errors import OpenAIError
 from serving.protocol import SamplingRequest
+from serving.server_args import ServerArgs
 from serving.serving_models import OpenAIServingModels
+from serving.tokenizer_pool import TokenizerPool
 from vjx.engine.async_llm import AsyncLLM, RequestOutputStream
 from vjx.engine.exceptions import EngineDeadError
 from vjx.sampling_params import RequestOutputKind, SamplingParams
 
 _LOGIT_BIAS_LIMIT = 100.0
+RETRY_AFTER_S = 1
+"""What a busy server's 503 tells the client to wait before trying again."""
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncLLM, models: OpenAIServingModels):
+    def __init__(
+        self, engine: AsyncLLM, models: OpenAIServingModels, server_args: ServerArgs, tokenizer_pool: TokenizerPool
+    ):
         self.engine = engine
         self.models = models
+        self.server_args = server_args
+        self.tokenizer_pool = tokenizer_pool
         self.tokenizer = engine.get_tokenizer()
         self.max_model_len = engine.max_model_len
         self.max_logprobs = engine.config.model_config.max_logprobs
+        config = engine.config
+        num_running = config.scheduler_config.max_num_seqs * config.parallel_config.data_parallel_size
+        self.max_num_queued_reqs = server_args.queued_reqs_limit(num_running)
 
     def check_model(self, request) -> None:
         """404 unless the request names one of the served models (or none)."""
         if request.model is not None and not self.models.is_served(request.model):
             raise OpenAIError(f"The model `{request.model}` does not exist.", 404, "model")
 
-    def tokenize(
+    def check_limits(self, request: SamplingRequest) -> None:
+        """The operator's limits on `n` and on the stop strings (--max-n, --max-stop-strings,
+        --max-stop-string-length)."""
+        args = self.server_args
+        if request.n > args.max_n:
+            raise OpenAIError(f"n must be at most {args.max_n} (the server's limit), got {request.n}.", 400, "n")
+        stop = [request.stop] if isinstance(request.stop, str) else request.stop or []
+        if len(stop) > args.max_stop_strings:
+            raise OpenAIError(
+                f"stop may hold at most {args.max_stop_strings} strings (the server's limit), got {len(stop)}.",
+                400,
+                "stop",
+            )
+        longest = max(stop, key=len, default="")
+        if len(longest) > args.max_stop_string_length:
+            raise OpenAIError(
+                f"stop strings may be at most {args.max_stop_string_length} characters long (the server's limit), "
+                f"got one of {len(longest)}.",
+                400,
+                "stop",
+            )
+
+    async def tokenize(
         self,
         prompt: str | list[int],
         add_special_tokens: bool,
@@ -42,7 +77,7 @@ class OpenAIServing:
         if not prompt:
             raise OpenAIError(f"{param} must not be empty.", 400, param)
         if isinstance(prompt, str):
-            token_ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+            token_ids = await self.tokenizer_pool.encode(prompt, add_special_tokens)
         else:
             token_ids = list(prompt)
         if truncate_prompt_tokens is not None and truncate_prompt_tokens >= 1:
@@ -50,8 +85,9 @@ class OpenAIServing:
         return token_ids
 
     def check_lengths(self, num_prompt_tokens: int, max_tokens: int | None, param: str) -> int:
-        """The request's max_tokens (what fits the context when None), or a 400 when the prompt
-        and max_tokens together overflow max_model_len."""
+        """The request's max_tokens (when None: what fits the context, at most
+        --max-tokens-limit), or a 400 when it passes --max-tokens-limit or the prompt and
+        max_tokens together overflow max_model_len."""
         room = self.max_model_len - num_prompt_tokens
         if room < 1:
             raise OpenAIError(
@@ -60,10 +96,13 @@ class OpenAIServing:
                 400,
                 "prompt",
             )
+        limit = self.server_args.max_tokens_limit
         if max_tokens is None:
-            return room
+            return room if limit is None else min(room, limit)
         if max_tokens < 1:
             raise OpenAIError(f"{param} must be at least 1, got {max_tokens}.", 400, param)
+        if limit is not None and max_tokens > limit:
+            raise OpenAIError(f"{param} must be at most {limit} (the server's limit), got {max_tokens}.", 400, param)
         if max_tokens > room:
             raise OpenAIError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you "
@@ -138,6 +177,7 @@ class OpenAIServing:
         the engine's checks (token ids out of the vocabulary, too many bad words, ...) become
         400s before anything runs."""
         await self.check_alive()
+        self.check_admission(sum(p.n for p in params))
         streams: list[RequestOutputStream] = []
         try:
             for i, (prompt_token_ids, prompt_params) in enumerate(zip(prompts, params)):
@@ -152,15 +192,28 @@ class OpenAIServing:
             if isinstance(e, ValueError):
                 raise OpenAIError.from_value_error(e, set(type(request).model_fields)) from None
             if isinstance(e, EngineDeadError):
-                raise OpenAIError(f"The engine is dead: {e}", 503) from None
+                raise OpenAIError.engine_dead(e) from None
             raise
         return streams
+
+    def check_admission(self, num_requests: int) -> None:
+        """A 503 with Retry-After when `num_requests` more engine requests would pass
+        --max-num-queued-reqs; the count is the front end's (each of a request's `n`
+        completions is one), so it holds before the engine sees anything. No await comes
+        between this check and the adds, so concurrent requests cannot both pass it."""
+        num_unfinished = self.engine.output_processor.get_num_unfinished_requests()
+        if num_unfinished + num_requests > self.max_num_queued_reqs:
+            raise OpenAIError(
+                "The server is busy: too many requests are in flight; retry in a moment.",
+                503,
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
 
     async def check_alive(self) -> None:
         try:
             await self.engine.check_health()
         except EngineDeadError as e:
-            raise OpenAIError(f"The engine is dead: {e}", 503) from None
+            raise OpenAIError.engine_dead(e) from None
 
 
 async def merge_streams(streams: list[RequestOutputStream]) -> AsyncGenerator[tuple[int, object], None]:

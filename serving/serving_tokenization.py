@@ -1,40 +1,79 @@
-"""OpenAIServingTokenization: vLLM's `POST /tokenize` and `POST /detokenize`."""
+"""OpenAIServingTokenization: vLLM's `POST /tokenize` and `POST /detokenize`.
 
-from serving.chat_utils import apply_chat_template
+Neither checks max_model_len (as vLLM's): a 15 MB text is tokenized whole. So each
+response is built in the TokenizerPool, JSON included (serving/json_body.py), and the
+event loop only sends the bytes.
+"""
+
+from starlette.responses import Response
+
+from serving.chat_utils import apply_chat_template, conversation_size
 from serving.errors import OpenAIError
+from serving.json_body import dump_json
 from serving.protocol import DetokenizeRequest, TokenizeRequest
+from serving.server_args import ServerArgs
 from serving.serving_engine import OpenAIServing
 from serving.serving_models import OpenAIServingModels
+from serving.tokenizer_pool import TokenizerPool
 from vjx.engine.async_llm import AsyncLLM
 
 
-class OpenAIServingTokenization(OpenAIServing):
-    def __init__(self, engine: AsyncLLM, models: OpenAIServingModels, chat_template: str | None):
-        super().__init__(engine, models)
-        self.chat_template = chat_template
+def _json_response(body: bytes) -> Response:
+    return Response(content=body, media_type="application/json")
 
-    def create_tokenize(self, request: TokenizeRequest) -> dict:
+
+class OpenAIServingTokenization(OpenAIServing):
+    def __init__(
+        self,
+        engine: AsyncLLM,
+        models: OpenAIServingModels,
+        server_args: ServerArgs,
+        tokenizer_pool: TokenizerPool,
+        chat_template: str | None,
+    ):
+        super().__init__(engine, models, server_args, tokenizer_pool)
+        self.chat_template = chat_template
+        self.vocab_size = len(self.tokenizer)
+
+    async def create_tokenize(self, request: TokenizeRequest) -> Response:
         """`{"count", "max_model_len", "tokens"}` (and `"token_strs"` when asked for) of a text,
         or of a chat through the chat template."""
         self.check_model(request)
         if request.messages is not None:
-            text = apply_chat_template(
-                self.tokenizer, request.messages, self.chat_template, request.add_generation_prompt
+            text = await self.tokenizer_pool.run(
+                conversation_size(request.messages),
+                apply_chat_template,
+                self.tokenizer,
+                request.messages,
+                self.chat_template,
+                request.add_generation_prompt,
             )
-            token_ids = self.tokenizer.encode(text, add_special_tokens=False)
+            add_special_tokens = False
         else:
-            token_ids = self.tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
-        response = {"count": len(token_ids), "max_model_len": self.max_model_len, "tokens": token_ids}
-        if request.return_token_strs:
-            response["token_strs"] = self.tokenizer.convert_ids_to_tokens(token_ids)
-        return response
+            text, add_special_tokens = request.prompt, request.add_special_tokens
+        body = await self.tokenizer_pool.run(
+            len(text), self._tokenize_body, text, add_special_tokens, request.return_token_strs
+        )
+        return _json_response(body)
 
-    def create_detokenize(self, request: DetokenizeRequest) -> dict:
+    def _tokenize_body(self, text: str, add_special_tokens: bool, return_token_strs: bool) -> bytes:
+        token_ids = self.tokenizer_pool.encode_sync(text, add_special_tokens)
+        content = {"count": len(token_ids), "max_model_len": self.max_model_len, "tokens": token_ids}
+        if return_token_strs:
+            content["token_strs"] = self.tokenizer.convert_ids_to_tokens(token_ids)
+        return dump_json(content)
+
+    async def create_detokenize(self, request: DetokenizeRequest) -> Response:
         self.check_model(request)
-        vocab_size = len(self.tokenizer)
-        bad_ids = [t for t in request.tokens if not 0 <= t < vocab_size]
-        if bad_ids:
+        body = await self.tokenizer_pool.run(len(request.tokens), self._detokenize_body, request.tokens)
+        return _json_response(body)
+
+    def _detokenize_body(self, token_ids: list[int]) -> bytes:
+        if token_ids and not (min(token_ids) >= 0 and max(token_ids) < self.vocab_size):
+            bad_id = next(t for t in token_ids if not 0 <= t < self.vocab_size)
             raise OpenAIError(
-                f"tokens contains token id {bad_ids[0]}, out of the vocabulary range [0, {vocab_size}).", 400, "tokens"
+                f"tokens contains token id {bad_id}, out of the vocabulary range [0, {self.vocab_size}).",
+                400,
+                "tokens",
             )
-        return {"prompt": self.tokenizer.decode(request.tokens)}
+        return dump_json({"prompt": self.tokenizer_pool.decode_sync(token_ids)})

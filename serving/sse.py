@@ -7,7 +7,6 @@ and so frees their KV blocks at once.
 """
 
 import asyncio
-import logging
 from collections.abc import AsyncGenerator
 
 from starlette.responses import Response
@@ -16,8 +15,6 @@ from serving.errors import OpenAIError
 from vjx.engine.async_llm import RequestOutputStream
 from vjx.engine.exceptions import EngineDeadError
 
-logger = logging.getLogger(__name__)
-
 DONE_EVENT = "data: [DONE]\n\n"
 
 
@@ -25,18 +22,18 @@ def sse_event(data: str) -> str:
     return f"data: {data}\n\n"
 
 
-def to_openai_error(error: Exception) -> OpenAIError:
-    """The error a failed request reports: its own, 503 for a dead engine, else a 500."""
+def to_openai_error(error: Exception, request_id: str | None = None) -> OpenAIError:
+    """The error a failed request reports: its own, 503 for a dead engine, else a 500 that
+    names no internals (the server log has them, under `request_id`)."""
     if isinstance(error, OpenAIError):
         return error
     if isinstance(error, EngineDeadError):
-        return OpenAIError(f"The engine is dead: {error}", 503)
-    logger.error("Request failed: %r", error, exc_info=error)
-    return OpenAIError(f"The request failed in the server: {type(error).__name__}: {error}", 500)
+        return OpenAIError.engine_dead(error)
+    return OpenAIError.internal(error, request_id)
 
 
-def error_event(error: Exception) -> str:
-    return sse_event(to_openai_error(error).to_json_bytes().decode())
+def error_event(error: Exception, request_id: str | None = None) -> str:
+    return sse_event(to_openai_error(error, request_id).to_json_bytes().decode())
 
 
 class EventStreamResponse(Response):

@@ -69,11 +69,23 @@ def test_missing_config_file(capsys):
         (["--access-log", "xml"], "access_log must be one of"),
         (["--max-request-body-bytes", "10"], "max_request_body_bytes must be at least 1024"),
         (["--api-key", ""], "api_key must not be empty"),
+        (["--max-n", "0"], "max_n must be at least 1, got 0"),
+        (["--max-tokens-limit", "0"], "max_tokens_limit must be at least 1, got 0"),
+        (["--max-num-queued-reqs", "-1"], "max_num_queued_reqs must be >= 0, got -1"),
     ],
 )
 def test_bad_server_flags(flags, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         ServerArgs.from_cli_args(_parse_args(["serve", *flags]))
+
+
+def test_limit_flags_are_typed_and_the_queue_defaults_past_the_running_requests():
+    defaults = ServerArgs.from_cli_args(_parse_args(["serve"]))
+    assert (defaults.max_prompts_per_request, defaults.max_n, defaults.max_tokens_limit) == (256, 128, None)
+    assert (defaults.max_stop_strings, defaults.max_stop_string_length) == (32, 1024)
+    assert defaults.queued_reqs_limit(max_num_running=2 * 256) == 512 + 1024
+    args = ServerArgs.from_cli_args(_parse_args(["serve", "--max-tokens-limit", "64", "--max-num-queued-reqs", "0"]))
+    assert (args.max_tokens_limit, args.queued_reqs_limit(max_num_running=16)) == (64, 0)
 
 
 def test_model_given_twice_differently(capsys):

@@ -1,0 +1,72 @@
+"""The request fields vjx does not honour, refused with a 400 instead of ignored.
+
+A client that sends `tools` or `response_format` expects output shaped by them; silently
+dropping them returns something else with a 200. Each field maps to the values that change
+nothing (None: the field is absent or null), which stay accepted. Fields the server ignores
+because they never change the output (`user`, `store`, `metadata`, `service_tier`, ...) are
+not listed.
+"""
+
+import json
+
+from pydantic import BaseModel
+
+from serving.errors import OpenAIError
+
+UNSUPPORTED_FIELDS: dict[str, tuple] = {
+    # Tool and function calling.
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "parallel_tool_calls": (None,),
+    # Structured output, OpenAI's and vLLM's.
+    "response_format": (None, {"type": "text"}),
+    "guided_json": (None,),
+    "guided_regex": (None,),
+    "guided_choice": (None,),
+    "guided_grammar": (None,),
+    "guided_decoding_backend": (None,),
+    "guided_whitespace_pattern": (None,),
+    "structured_outputs": (None,),
+    # Other ways to sample, or to build the prompt.
+    "use_beam_search": (None, False),
+    "logits_processors": (None, []),
+    "prediction": (None,),
+    "reasoning_effort": (None,),
+    "prompt_embeds": (None,),
+    "chat_template": (None,),
+    "chat_template_kwargs": (None, {}),
+    # Other modalities.
+    "audio": (None,),
+    "modalities": (None, ["text"]),
+    # Other response shapes.
+    "stream_options.continuous_usage_stats": (None, False),
+    "return_tokens_as_token_ids": (None, False),
+}
+"""Dotted field path -> the values that change nothing."""
+
+
+def check_supported_fields(request: BaseModel) -> None:
+    """A 400 naming the first field of `UNSUPPORTED_FIELDS` the request sets to a value
+    that would change the output."""
+    for path, harmless in UNSUPPORTED_FIELDS.items():
+        value = _field_value(request, path)
+        if value not in harmless:
+            accepted = ", ".join(json.dumps(v) for v in harmless if v is not None)
+            hint = f"; it accepts only {accepted}" if accepted else ""
+            raise OpenAIError(f"{path} is not supported by this server yet{hint}.", 400, path)
+
+
+def _field_value(request: BaseModel, path: str):
+    """The value at `path` among the request's fields and the extra ones it keeps (None
+    when absent)."""
+    value = request
+    for name in path.split("."):
+        if not isinstance(value, BaseModel):
+            return None
+        if name in type(value).model_fields:
+            value = getattr(value, name)
+        else:
+            value = (value.model_extra or {}).get(name)
+    return value
