@@ -222,7 +222,7 @@ async def merge_streams(streams: list[RequestOutputStream]) -> AsyncGenerator[tu
     if len(streams) == 1:
         try:
             async for output in streams[0]:
-                yield 0, output
+                yield 0, _checked(output)
         finally:
             await streams[0].aclose()
         return
@@ -247,10 +247,18 @@ async def merge_streams(streams: list[RequestOutputStream]) -> AsyncGenerator[tu
             elif isinstance(item, BaseException):
                 raise item
             else:
-                yield index, item
+                yield index, _checked(item)
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         for stream in streams:
             await stream.aclose()
+
+
+def _checked(output):
+    """The output, unless the engine could not run the request (a failure pinned to it,
+    logged in the engine): then the request fails with a 500 that names no internals."""
+    if any(completion.finish_reason == "error" for completion in output.outputs):
+        raise OpenAIError(f"The engine could not run request {output.request_id}; see the server log.", 500)
+    return output

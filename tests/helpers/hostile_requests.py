@@ -70,7 +70,7 @@ SAMPLING_CASES = [
     ("a stop string not a string", dict(stop=["a", 5]), 400, "stop", None),
     # The server's limits (their defaults).
     ("10,000 prompts", dict(prompt=["x"] * 10_000), 400, "prompt", None),
-    ("10,000 stop strings", dict(stop=[f"s{i}" for i in range(10_000)]), 400, "stop", None),
+    ("1000 stop strings", dict(stop=[f"s{i}" for i in range(1000)]), 400, "stop", None),
     ("a 5000-character stop string", dict(stop=["y" * 5000]), 400, "stop", None),
     # Fields vjx does not honour yet.
     ("response_format json_object", dict(response_format={"type": "json_object"}), 400, "response_format", None),

@@ -13,6 +13,7 @@ import time
 import psutil
 import pytest
 
+from tests.helpers.hostile_requests import SAMPLING_CASES, completion
 from tests.helpers.remote_server import RemoteServer
 
 API_KEY = "test-key-123"
@@ -117,7 +118,18 @@ HOSTILE = [
     ("tokenize neither prompt nor messages", "/tokenize", {"add_special_tokens": True}, {}, 400, None),
     ("detokenize negative id", "/detokenize", {"tokens": [-1]}, {}, 400, "tokens"),
     ("unknown route", "/v1/engines", GOOD, {}, 404, None),
+    ("chat temperature NaN", "/v1/chat/completions", _chat(temperature=float("nan")), {}, 400, "temperature"),
+    ("chat top_k of 2^64", "/v1/chat/completions", _chat(top_k=2**64), {}, 400, "top_k"),
+    ("chat tools", "/v1/chat/completions", _chat(tools=[{"type": "function"}]), {}, 400, "tools"),
+    ("chat n of 2^63", "/v1/chat/completions", _chat(n=2**63), {}, 400, "n"),
+    ("detokenize id past int64", "/detokenize", {"tokens": [2**64]}, {}, 400, "tokens"),
 ]
+SAMPLING = [
+    (name, "/v1/completions", completion(**changes), {}, status, param)
+    for name, changes, status, param, _ in SAMPLING_CASES
+]
+"""The shared table of sampling extremes (tests/helpers/hostile_requests.py): some must
+run to completion (200), the rest get their 4xx."""
 
 
 @pytest.fixture(scope="module")
@@ -175,6 +187,30 @@ def test_hostile_requests_get_fast_4xx_while_a_stream_runs(server):
     thread.join(120)
     assert not slow
     assert result["finish_reason"] == "length" and result["usage"].completion_tokens == 60
+
+
+def test_every_case_is_answered_within_a_second_and_the_engine_keeps_serving(server):
+    """Each case of both tables, then a good request; at the end nothing runs or holds KV."""
+    cases = HOSTILE + SAMPLING
+    assert len(cases) >= 80
+    slow, broken = [], []
+    for name, path, body, headers, expected_status, expected_param in cases:
+        start = time.perf_counter()
+        status, response = server.request("POST" if body is not None else "GET", path, body, headers)
+        elapsed = time.perf_counter() - start
+        if expected_status == 200:
+            assert status == 200, (name, response)
+        else:
+            _check_error(status, response, expected_status, expected_param)
+        if elapsed >= 1.0:
+            slow.append((name, round(elapsed, 2)))
+        good_status, good = server.request("POST", "/v1/completions", {**GOOD, "ignore_eos": True})
+        if good_status != 200 or json.loads(good)["usage"]["completion_tokens"] != 4:
+            broken.append((name, good_status, good[:200]))
+    assert not slow and not broken, (slow, broken)
+    metrics = _wait_until_idle(server)
+    assert metrics["vjx:kv_cache_usage_perc"] == 0.0, metrics
+    assert (metrics["vjx:num_requests_running"], metrics["vjx:num_requests_waiting"]) == (0.0, 0.0)
 
 
 def test_health_needs_no_key_and_good_requests_still_work(server):
