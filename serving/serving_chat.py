@@ -10,7 +10,7 @@ last message's content in front of each choice's when that message is the reply'
 import time
 from collections.abc import AsyncGenerator
 
-from serving.chat_utils import apply_chat_template, conversation_size, to_text
+from serving.chat_utils import to_text
 from serving.errors import OpenAIError
 from serving.protocol import (
     ChatChoiceLogprobs,
@@ -26,12 +26,8 @@ from serving.protocol import (
     UsageInfo,
     random_id,
 )
-from serving.server_args import ServerArgs
 from serving.serving_engine import OpenAIServing, merge_streams
-from serving.serving_models import OpenAIServingModels
 from serving.sse import DONE_EVENT, EventStreamResponse, error_event, sse_event
-from serving.tokenizer_pool import TokenizerPool
-from vjx.engine.async_llm import AsyncLLM
 from vjx.outputs import CompletionOutput
 
 
@@ -63,17 +59,6 @@ def make_chat_logprobs(token_ids: list[int], logprobs: list, num_top: int) -> Ch
 
 
 class OpenAIServingChat(OpenAIServing):
-    def __init__(
-        self,
-        engine: AsyncLLM,
-        models: OpenAIServingModels,
-        server_args: ServerArgs,
-        tokenizer_pool: TokenizerPool,
-        chat_template: str | None,
-    ):
-        super().__init__(engine, models, server_args, tokenizer_pool)
-        self.chat_template = chat_template
-
     async def create_chat_completion(
         self, request: ChatCompletionRequest
     ) -> ChatCompletionResponse | EventStreamResponse:
@@ -85,15 +70,7 @@ class OpenAIServingChat(OpenAIServing):
         num_logprobs = (request.top_logprobs or 0) if request.logprobs else None
         self.check_logprobs(num_logprobs, "top_logprobs")
         self.check_logprobs(request.prompt_logprobs, "prompt_logprobs")
-        text = await self.tokenizer_pool.run(
-            conversation_size(request.messages),
-            apply_chat_template,
-            self.tokenizer,
-            request.messages,
-            self.chat_template,
-            request.add_generation_prompt,
-            request.continue_final_message,
-        )
+        text = await self.render_chat(request.messages, request.add_generation_prompt, request.continue_final_message)
         prompt = await self.tokenize(text, request.add_special_tokens, request.truncate_prompt_tokens, "messages")
         if request.max_completion_tokens is not None:
             max_tokens = self.check_lengths(len(prompt), request.max_completion_tokens, "max_completion_tokens")

@@ -9,6 +9,7 @@ mapping, and the engine call: refused with a 503 while the engine already holds
 import asyncio
 from collections.abc import AsyncGenerator
 
+from serving.chat_utils import apply_chat_template, conversation_size
 from serving.errors import OpenAIError
 from serving.protocol import SamplingRequest
 from serving.server_args import ServerArgs
@@ -25,9 +26,16 @@ RETRY_AFTER_S = 1
 
 class OpenAIServing:
     def __init__(
-        self, engine: AsyncLLM, models: OpenAIServingModels, server_args: ServerArgs, tokenizer_pool: TokenizerPool
+        self,
+        engine: AsyncLLM,
+        models: OpenAIServingModels,
+        server_args: ServerArgs,
+        tokenizer_pool: TokenizerPool,
+        chat_template: str | None = None,
     ):
+        """`chat_template`: the server's (None: the tokenizer's), for the routes that take chats."""
         self.engine = engine
+        self.chat_template = chat_template
         self.models = models
         self.server_args = server_args
         self.tokenizer_pool = tokenizer_pool
@@ -37,6 +45,18 @@ class OpenAIServing:
         config = engine.config
         num_running = config.scheduler_config.max_num_seqs * config.parallel_config.data_parallel_size
         self.max_num_queued_reqs = server_args.queued_reqs_limit(num_running)
+
+    async def render_chat(self, messages, add_generation_prompt: bool, continue_final_message: bool = False) -> str:
+        """The chat through the chat template, in the tokenizer pool (a huge chat takes long)."""
+        return await self.tokenizer_pool.run(
+            conversation_size(messages),
+            apply_chat_template,
+            self.tokenizer,
+            messages,
+            self.chat_template,
+            add_generation_prompt,
+            continue_final_message,
+        )
 
     def check_model(self, request) -> None:
         """404 unless the request names one of the served models (or none)."""

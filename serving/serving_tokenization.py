@@ -5,17 +5,14 @@ response is built in the TokenizerPool, JSON included (serving/json_body.py), an
 event loop only sends the bytes.
 """
 
+import functools
+
 from starlette.responses import Response
 
-from serving.chat_utils import apply_chat_template, conversation_size
 from serving.errors import OpenAIError
 from serving.json_body import dump_json
 from serving.protocol import DetokenizeRequest, TokenizeRequest
-from serving.server_args import ServerArgs
 from serving.serving_engine import OpenAIServing
-from serving.serving_models import OpenAIServingModels
-from serving.tokenizer_pool import TokenizerPool
-from vjx.engine.async_llm import AsyncLLM
 
 
 def _json_response(body: bytes) -> Response:
@@ -23,31 +20,16 @@ def _json_response(body: bytes) -> Response:
 
 
 class OpenAIServingTokenization(OpenAIServing):
-    def __init__(
-        self,
-        engine: AsyncLLM,
-        models: OpenAIServingModels,
-        server_args: ServerArgs,
-        tokenizer_pool: TokenizerPool,
-        chat_template: str | None,
-    ):
-        super().__init__(engine, models, server_args, tokenizer_pool)
-        self.chat_template = chat_template
-        self.vocab_size = len(self.tokenizer)
+    @functools.cached_property
+    def vocab_size(self) -> int:
+        return len(self.tokenizer)
 
     async def create_tokenize(self, request: TokenizeRequest) -> Response:
         """`{"count", "max_model_len", "tokens"}` (and `"token_strs"` when asked for) of a text,
         or of a chat through the chat template."""
         self.check_model(request)
         if request.messages is not None:
-            text = await self.tokenizer_pool.run(
-                conversation_size(request.messages),
-                apply_chat_template,
-                self.tokenizer,
-                request.messages,
-                self.chat_template,
-                request.add_generation_prompt,
-            )
+            text = await self.render_chat(request.messages, request.add_generation_prompt)
             add_special_tokens = False
         else:
             text, add_special_tokens = request.prompt, request.add_special_tokens
