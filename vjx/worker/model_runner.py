@@ -134,7 +134,7 @@ class ModelRunner:
     def _dispatch(self, scheduler_output: SchedulerOutput) -> AsyncModelRunnerOutput:
         self._update_states(scheduler_output)
         scheduled = scheduler_output.num_scheduled_tokens
-        failed = self._failed_req_ids & scheduled.keys()
+        failed = {r for r in self._failed_req_ids if r in scheduled} if self._failed_req_ids else set()
         if failed:
             scheduled = {req_id: n for req_id, n in scheduled.items() if req_id not in failed}
         if not scheduled:
@@ -228,14 +228,15 @@ class ModelRunner:
         rows = [batch.req_id_to_index.get(req_id, -1) for req_id in cached.req_ids]
         changes = zip(rows, cached.new_block_ids, cached.resumed_from_preemption)
         for i, (row, new_block_ids, resumed) in enumerate(changes):
-            if cached.req_ids[i] in self._failed_req_ids:
-                continue
-            if row < 0 or new_block_ids is not None or resumed:
+            if (row < 0 or new_block_ids is not None or resumed) and cached.req_ids[i] not in self._failed_req_ids:
                 state = self.requests[cached.req_ids[i]]
                 rows[i] = self._update_cached_request(state, cached.num_computed_tokens[i], new_block_ids, resumed)
-        num_computed_tokens = np.asarray(cached.num_computed_tokens, np.int32)
+        if not self._failed_req_ids:
+            batch.num_computed_tokens[rows] = cached.num_computed_tokens
+            return
+        # Failed requests (and any that failed to re-enter here) hold no row.
         rows = np.asarray(rows, np.int64)
-        batch.num_computed_tokens[rows[rows >= 0]] = num_computed_tokens[rows >= 0]
+        batch.num_computed_tokens[rows[rows >= 0]] = np.asarray(cached.num_computed_tokens, np.int32)[rows >= 0]
 
     def _update_cached_request(self, state, num_computed, new_block_ids, resumed) -> int:
         """Applies the request's new blocks, per group (all its blocks when resumed); returns
@@ -336,7 +337,9 @@ class ModelRunner:
         batch = self.input_batch
         num_outputs = batch.num_tokens[rows] + num_pending - batch.num_prompt_tokens[rows]
         is_below_min_tokens = num_outputs < batch.min_tokens[rows]
-        self._lift_stop_id_bans(rows[batch.bans_stop_ids_in_bias[rows] & ~is_below_min_tokens])
+        is_banning = batch.bans_stop_ids_in_bias[rows]
+        if is_banning.any():
+            self._lift_stop_id_bans(rows[is_banning & ~is_below_min_tokens])
         return {
             "logits_indices": logits_indices,
             "sample_slots": rows,
