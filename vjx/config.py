@@ -34,6 +34,12 @@ class ModelConfig:
     def architecture(self) -> str:
         return self.hf_config.architectures[0]
 
+    @property
+    def hf_text_config(self) -> Any:
+        """The language model's config: `hf_config` itself, or the text config nested in a
+        multimodal one (Gemma 3's `text_config`), whose sizes the engine reads."""
+        return self.hf_config.get_text_config()
+
 
 @dataclasses.dataclass(frozen=True)
 class CacheConfig:

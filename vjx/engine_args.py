@@ -113,7 +113,7 @@ class EngineArgs:
         self._verify_args()
         model = self._resolve_model()
         hf_config = transformers.AutoConfig.from_pretrained(model)
-        max_model_len = self._max_model_len(hf_config)
+        max_model_len = self._max_model_len(hf_config.get_text_config())
         model_config = ModelConfig(
             model=model,
             tokenizer=self.tokenizer or model,
@@ -125,7 +125,7 @@ class EngineArgs:
             max_logprobs=self.max_logprobs,
         )
         parallel_config = self.create_parallel_config()
-        verify_tensor_parallel(hf_config, self.tensor_parallel_size)
+        verify_tensor_parallel(hf_config.get_text_config(), self.tensor_parallel_size)
         device_groups(parallel_config)
         return VjxConfig(
             model_config=model_config,

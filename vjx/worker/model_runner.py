@@ -70,7 +70,7 @@ class ModelRunner:
         self.requests: dict[str, CachedRequestState] = {}
         self.kv_caches = list(kv_caches.values())
         self.history = filled((self.max_num_reqs, sched.max_model_len), np.int32, 0, self.replicated)
-        self.slot_tables = SlotTables(self.max_num_reqs, config.model_config.hf_config.vocab_size, self.replicated)
+        self.slot_tables = SlotTables(self.max_num_reqs, config.model_config.hf_text_config.vocab_size, self.replicated)
         self.graphdef, state = nnx.split(model)
         self.param_leaves, self.treedef = jax.tree.flatten(state)
         self.layouts = {

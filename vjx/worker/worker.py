@@ -57,7 +57,7 @@ class Worker:
         """Each attention layer's spec, in model order. With fewer KV heads than
         `tensor_parallel_size`, the loader repeats each head so that every device holds one
         (vjx/sharding/placement.py); the cache holds the repeated heads."""
-        hf_config = self.config.model_config.hf_config
+        hf_config = self.config.model_config.hf_text_config
         num_heads = hf_config.num_attention_heads
         num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or num_heads
         num_kv_heads = num_cache_kv_heads(num_kv_heads, self.config.parallel_config.tensor_parallel_size)
