@@ -2,40 +2,20 @@
 
 Legend: T tokens, D hidden.
 
-Pre-norm blocks: x + attn(norm(x)), then x + mlp(norm(x)), with the shared attention, gated
+Pre-norm blocks: x + attn(norm(x)), then x + mlp(norm(x)), from the shared attention, gated
 MLP and decoder skeleton (vjx/models/layers). Compute runs in the model dtype; norms and the
-attention softmax run in float32, as in HF. Qwen 2 and Granite reuse these blocks.
+attention softmax run in float32, as in HF. The families built from the same blocks (Qwen 2
+and 3, Phi-3, Granite) subclass `LlamaForCausalLM` and override its hooks.
 """
 
-from typing import Any
-
-import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
-from vjx.attention.backend import AttentionBackend
 from vjx.attention.metadata import AttentionMetadata
 from vjx.models.layers.attention import Attention, AttentionArgs, layer_sliding_window
-from vjx.models.layers.decoder import DecoderArgs, DecoderForCausalLM, DecoderModel
+from vjx.models.layers.decoder import BuildContext, DecoderArgs, DecoderForCausalLM
 from vjx.models.layers.mlp import GatedMLP
 from vjx.models.layers.norm import RMSNorm
-from vjx.models.layers.rotary import RotaryEmbedding
-
-
-def llama_attention_args(hf_config: Any, args: DecoderArgs, layer_idx: int, **overrides) -> AttentionArgs:
-    """The attention of layer `layer_idx` as Llama's config describes it."""
-    bias = getattr(hf_config, "attention_bias", False)
-    fields = dict(
-        hidden_size=args.hidden_size,
-        num_heads=args.num_heads,
-        num_kv_heads=args.num_kv_heads,
-        head_dim=args.head_dim,
-        sm_scale=args.head_dim**-0.5,
-        qkv_bias=bias,
-        o_bias=bias,
-        sliding_window=layer_sliding_window(hf_config, layer_idx),
-    )
-    return AttentionArgs(**{**fields, **overrides})
 
 
 class LlamaDecoderLayer(nnx.Module):
@@ -64,29 +44,36 @@ class LlamaDecoderLayer(nnx.Module):
 class LlamaForCausalLM(DecoderForCausalLM):
     """Llama, Mistral (a `sliding_window` on every layer) and SmolLM2."""
 
-    def __init__(
-        self,
-        hf_config: Any,
-        *,
-        dtype,
-        backend: AttentionBackend,
-        rngs: nnx.Rngs,
-        max_model_len: int | None = None,
-    ):
-        args = DecoderArgs.from_hf_config(hf_config)
-        dtype = jnp.dtype(dtype)
-        rotary = RotaryEmbedding.from_hf_config(hf_config, args.head_dim, max_model_len=max_model_len)
-        hidden_act = getattr(hf_config, "hidden_act", "silu")
-        mlp_bias = getattr(hf_config, "mlp_bias", False)
+    ATTENTION: type[Attention] = Attention
+    MLP: type[GatedMLP] = GatedMLP
 
-        def make_layer(i: int) -> LlamaDecoderLayer:
-            attn_args = llama_attention_args(hf_config, args, i)
-            self_attn = Attention(attn_args, rotary, dtype=dtype, backend=backend, rngs=rngs)
-            mlp = GatedMLP(
-                args.hidden_size, args.intermediate_size, hidden_act, use_bias=mlp_bias, dtype=dtype, rngs=rngs
-            )
-            return LlamaDecoderLayer(args, self_attn, mlp, dtype=dtype)
+    def attention_args(self, ctx: BuildContext, layer_idx: int) -> AttentionArgs:
+        """Layer `layer_idx`'s attention as the config describes it."""
+        args, bias = ctx.args, getattr(ctx.hf_config, "attention_bias", False)
+        return AttentionArgs(
+            hidden_size=args.hidden_size,
+            num_heads=args.num_heads,
+            num_kv_heads=args.num_kv_heads,
+            head_dim=args.head_dim,
+            sm_scale=args.head_dim**-0.5,
+            qkv_bias=bias,
+            o_bias=bias,
+            sliding_window=layer_sliding_window(ctx.hf_config, layer_idx),
+            rms_norm_eps=args.rms_norm_eps,
+        )
 
-        norm = RMSNorm(args.hidden_size, eps=args.rms_norm_eps, dtype=dtype)
-        model = DecoderModel(args, make_layer, norm, dtype=dtype, rngs=rngs)
-        super().__init__(model, args, dtype=dtype, rngs=rngs)
+    def make_attention(self, ctx: BuildContext, layer_idx: int) -> Attention:
+        return self.ATTENTION(
+            self.attention_args(ctx, layer_idx), ctx.rotary(), dtype=ctx.dtype, backend=ctx.backend, rngs=ctx.rngs
+        )
+
+    def make_mlp(self, ctx: BuildContext) -> GatedMLP:
+        hidden_act = getattr(ctx.hf_config, "hidden_act", "silu")
+        use_bias = getattr(ctx.hf_config, "mlp_bias", False)
+        args = ctx.args
+        return self.MLP(
+            args.hidden_size, args.intermediate_size, hidden_act, use_bias=use_bias, dtype=ctx.dtype, rngs=ctx.rngs
+        )
+
+    def make_layer(self, ctx: BuildContext, layer_idx: int) -> nnx.Module:
+        return LlamaDecoderLayer(ctx.args, self.make_attention(ctx, layer_idx), self.make_mlp(ctx), dtype=ctx.dtype)

@@ -18,6 +18,7 @@ from jaxtyping import Array, Float, Int
 from vjx.attention.metadata import AttentionMetadata
 from vjx.kv_cache_interface import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
 from vjx.models.layers.linear import Linear, QKVLinear
+from vjx.models.layers.norm import RMSNorm
 from vjx.models.layers.rotary import RotaryEmbedding
 
 
@@ -37,6 +38,8 @@ class AttentionArgs:
     """Keys each query sees, itself included; None: every earlier key."""
     soft_cap: float | None = None
     """Scores become soft_cap * tanh(score / soft_cap); None: no capping."""
+    rms_norm_eps: float = 1e-6
+    """Epsilon of the q/k norms, in the families that have them."""
 
 
 def layer_sliding_window(hf_config: Any, layer_idx: int) -> int | None:
@@ -102,3 +105,20 @@ class Attention(nnx.Module):
         if self.sliding_window is None:
             return FullAttentionSpec(block_size, **head)
         return SlidingWindowSpec(block_size, **head, sliding_window=self.sliding_window)
+
+
+class QKNormAttention(Attention):
+    """Attention whose q and k heads are each RMS-normalized (over head_dim) before RoPE, as
+    in Qwen 3 and Gemma 3; `NORM` is the family's norm."""
+
+    NORM: ClassVar[type[nnx.Module]] = RMSNorm
+
+    def __init__(self, args: AttentionArgs, rotary: RotaryEmbedding, *, dtype, backend, rngs):
+        super().__init__(args, rotary, dtype=dtype, backend=backend, rngs=rngs)
+        self.q_norm = self.NORM(args.head_dim, eps=args.rms_norm_eps, dtype=dtype)
+        self.k_norm = self.NORM(args.head_dim, eps=args.rms_norm_eps, dtype=dtype)
+
+    def normalize_qk(
+        self, q_TNH: Float[Array, "T N H"], k_TKH: Float[Array, "T K H"]
+    ) -> tuple[Float[Array, "T N H"], Float[Array, "T K H"]]:
+        return self.q_norm(q_TNH), self.k_norm(k_TKH)

@@ -18,9 +18,12 @@ import numpy as np
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
+from vjx.attention.backend import AttentionBackend
 from vjx.attention.metadata import AttentionMetadata
 from vjx.kv_cache_interface import KVCacheSpec
 from vjx.models.layers.linear import Embedding, Linear
+from vjx.models.layers.norm import RMSNorm
+from vjx.models.layers.rotary import RotaryEmbedding
 from vjx.sharding.constraints import constrain
 
 
@@ -104,20 +107,57 @@ class LogitsArgs:
     """Logits become soft_cap * tanh(logits / soft_cap) (Gemma's final soft-capping)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class BuildContext:
+    """What a family's builder hooks read while the model is constructed."""
+
+    hf_config: Any
+    """The language model's `transformers` config."""
+    args: DecoderArgs
+    dtype: jnp.dtype
+    backend: AttentionBackend
+    rngs: nnx.Rngs
+    max_model_len: int | None
+    """The engine's context length (None: the model's); LongRoPE picks its factors by it."""
+
+    def rotary(self, layer_type: str | None = None) -> RotaryEmbedding:
+        return RotaryEmbedding.from_hf_config(
+            self.hf_config, self.args.head_dim, layer_type=layer_type, max_model_len=self.max_model_len
+        )
+
+
 class DecoderForCausalLM(nnx.Module):
     """The runner's model: `__call__` gives final hidden states, `compute_logits` the logits.
 
-    Each attention layer sits at `model.layers.{i}.self_attn`. `backend` is kept as a static
-    field of the graph definition, so it must be hashable (a frozen dataclass); the KV caches
-    are arguments and return values, never module state.
+    A family subclasses it and overrides the builder hooks: `make_layer` (required), and
+    `make_norm`, `embed_scale`, `logits_args` and `text_config` where it differs from the
+    defaults. Each attention layer sits at `model.layers.{i}.self_attn`. `backend` is kept as
+    a static field of the graph definition, so it must be hashable (a frozen dataclass); the
+    KV caches are arguments and return values, never module state.
     """
 
     CHECKPOINT_PREFIXES: ClassVar[dict[str, str | None]] = {}
     """Checkpoint tensor name prefixes the loader renames (to the given prefix) or skips
     (None): for checkpoints whose language model sits under another path."""
 
-    def __init__(self, model: DecoderModel, args: DecoderArgs, *, logits: LogitsArgs = LogitsArgs(), dtype, rngs):
-        self.model = model
+    def __init__(
+        self,
+        hf_config: Any,
+        *,
+        dtype,
+        backend: AttentionBackend,
+        rngs: nnx.Rngs,
+        max_model_len: int | None = None,
+    ):
+        text_config = self.text_config(hf_config)
+        args = DecoderArgs.from_hf_config(text_config)
+        dtype = jnp.dtype(dtype)
+        ctx = BuildContext(text_config, args, dtype, backend, rngs, max_model_len)
+        norm = self.make_norm(ctx, args.hidden_size)
+        embed_scale = self.embed_scale(ctx)
+        self.model = DecoderModel(
+            args, lambda i: self.make_layer(ctx, i), norm, embed_scale=embed_scale, dtype=dtype, rngs=rngs
+        )
         self.lm_head = (
             None
             if args.tie_word_embeddings
@@ -130,7 +170,27 @@ class DecoderForCausalLM(nnx.Module):
                 rngs=rngs,
             )
         )
-        self.logits_args = logits
+        self.logits_args = self.make_logits_args(ctx)
+
+    @staticmethod
+    def text_config(hf_config: Any) -> Any:
+        """The language model's config within `hf_config` (itself, unless multimodal)."""
+        return hf_config.get_text_config()
+
+    def make_layer(self, ctx: BuildContext, layer_idx: int) -> nnx.Module:
+        """Decoder layer `layer_idx`: `(x, positions, kv_cache, md) -> (x, kv_cache)`, with its
+        attention at `.self_attn`."""
+        raise NotImplementedError
+
+    def make_norm(self, ctx: BuildContext, num_features: int) -> nnx.Module:
+        """The family's RMSNorm over `num_features` (the final norm uses it too)."""
+        return RMSNorm(num_features, eps=ctx.args.rms_norm_eps, dtype=ctx.dtype)
+
+    def embed_scale(self, ctx: BuildContext) -> float:
+        return 1.0
+
+    def make_logits_args(self, ctx: BuildContext) -> LogitsArgs:
+        return LogitsArgs()
 
     def __call__(
         self,
