@@ -8,9 +8,21 @@ prompt, soft-caps low enough to bite, Granite's multipliers away from one, LongR
 factors.
 """
 
+import jax
+import numpy as np
+import torch
 import transformers
 
+from tests.helpers.model_steps import BLOCK_SIZE, NUM_BLOCKS, prefill, random_blocks
+from tests.helpers.tiny_llama import randomize_
+from vjx.attention.reference import ReferenceBackend
+from vjx.config import ModelConfig
+from vjx.models.loader import get_model
+from vjx.sharding.placement import num_cache_kv_heads
+from vjx.sharding.rules import logical_sharding
+
 VOCAB = 296
+MAX_MODEL_LEN = 512
 WINDOW = 32
 """The sliding window of every windowed config: shorter than the long prompts."""
 
@@ -115,3 +127,42 @@ def family_config(name: str):
     config = FAMILIES[name]()
     config.architectures = [ARCHITECTURES[name]]
     return config
+
+
+class Family:
+    """One family's HF model and vjx's, loaded from the same directory."""
+
+    def __init__(self, name: str, model_dir):
+        self.name = name
+        self.hf_config = family_config(name)
+        torch.manual_seed(0)
+        self.hf_model = getattr(transformers, self.hf_config.architectures[0])(self.hf_config).eval()
+        self.hf_model.config._attn_implementation = "eager"
+        randomize_(self.hf_model, 0)
+        self.hf_model.save_pretrained(model_dir)
+        self.model_config = ModelConfig(
+            model=str(model_dir),
+            tokenizer=str(model_dir),
+            hf_config=transformers.AutoConfig.from_pretrained(model_dir),
+            dtype="float32",
+            max_model_len=MAX_MODEL_LEN,
+            seed=0,
+            load_format="auto",
+        )
+        self.model = get_model(self.model_config, ReferenceBackend())
+
+    def hf_logits(self, token_ids) -> np.ndarray:
+        with torch.no_grad():
+            return self.hf_model(torch.as_tensor(np.asarray(token_ids))[None]).logits[0].float().numpy()
+
+    def caches(self, tensor_parallel_size: int = 1, mesh=None) -> list[jax.Array]:
+        text = self.model_config.hf_text_config
+        num_kv_heads = num_cache_kv_heads(text.num_key_value_heads, tensor_parallel_size)
+        shape = ReferenceBackend().kv_cache_shape(NUM_BLOCKS, BLOCK_SIZE, num_kv_heads, text.head_dim)
+        device = jax.devices()[0] if mesh is None else logical_sharding(mesh, ReferenceBackend().kv_cache_axes)
+        zeros = jax.device_put(np.zeros(shape, np.float32), device)
+        return [zeros.copy() for _ in range(text.num_hidden_layers)]
+
+    def logits(self, token_ids, seed: int = 0) -> np.ndarray:
+        logits, _ = prefill(self.model, token_ids, 0, random_blocks(seed), self.caches())
+        return logits
