@@ -40,6 +40,13 @@ def _field(default, help: str):
     return dataclasses.field(default=default, metadata={"help": help})
 
 
+def _flag_type(field_type):
+    """What a flag's value is parsed with: the type (of `T | None`, T's), JSON for dicts."""
+    if typing.get_origin(field_type) is dict:
+        return _json_object
+    return ([a for a in typing.get_args(field_type) if a is not type(None)] or [field_type])[0]
+
+
 def _json_object(text: str) -> dict:
     """A command-line JSON object (the type of dict fields' flags)."""
     try:
@@ -153,13 +160,12 @@ class EngineArgs:
         for f in dataclasses.fields(cls):
             flag = "--" + f.name.replace("_", "-")
             default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-            kind = ([a for a in typing.get_args(f.type) if a is not type(None)] or [f.type])[0]
+            kind = _flag_type(f.type)
             if kind is bool:
                 parser.add_argument(
                     flag, action=argparse.BooleanOptionalAction, default=default, help=f.metadata["help"]
                 )
             else:
-                kind = _json_object if typing.get_origin(kind) is dict else kind
                 parser.add_argument(flag, type=kind, default=default, help=f.metadata["help"])
 
     @classmethod

@@ -64,7 +64,7 @@ def _snapshot(name: str, repo_id: str, revision: str | None, cache_dir: str | No
         ) from None
     except errors.LocalEntryNotFoundError:
         cache = cache_dir or constants.HF_HUB_CACHE
-        if constants.is_offline_mode():
+        if constants.HF_HUB_OFFLINE:
             raise ValueError(
                 f"{where} is not in the Hugging Face cache {cache} (or only in part), and the Hub is "
                 "offline (HF_HUB_OFFLINE is set): download it once online, or give a download_dir "
