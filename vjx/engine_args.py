@@ -89,9 +89,9 @@ class EngineArgs:
         "The folder path to the generation config. Defaults to 'auto', the generation config "
         "will be loaded from model path. If set to 'vllm', no generation config is loaded, "
         "vLLM defaults will be used. If set to a folder path, the generation config will be "
-        "loaded from the specified folder path. If max_new_tokens is specified in generation "
-        "config, then it sets a server-wide limit on the number of output tokens for all "
-        "requests.",
+        "loaded from the specified folder path. If max_new_tokens is specified in a generation "
+        "config given as a folder path (or in override_generation_config), then it sets a "
+        "server-wide limit on the number of output tokens for all requests.",
     )
     override_generation_config: dict[str, typing.Any] = dataclasses.field(
         default_factory=dict,
