@@ -64,7 +64,8 @@ def _add_serve_parser(commands) -> argparse.ArgumentParser:
         "model_tag",
         nargs="?",
         default=None,
-        help="HF model directory (same as --model); the embedded SmolLM2-135M-Instruct when left out.",
+        help="Model directory or Hugging Face Hub id (same as --model); the embedded SmolLM2-135M-Instruct "
+        "when left out.",
     )
     serve.add_argument("--config", default=None, help="YAML file of flags, e.g. 'max-model-len: 2048'.")
     ServerArgs.add_cli_args(serve)

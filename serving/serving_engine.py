@@ -15,11 +15,14 @@ from serving.protocol import SamplingRequest
 from serving.server_args import ServerArgs
 from serving.serving_models import OpenAIServingModels
 from serving.tokenizer_pool import TokenizerPool
+from vjx.config import ModelConfig
 from vjx.engine.async_llm import AsyncLLM, RequestOutputStream
 from vjx.engine.exceptions import EngineDeadError
 from vjx.sampling_params import RequestOutputKind, SamplingParams
 
 _LOGIT_BIAS_LIMIT = 100.0
+_DEFAULTED_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+"""Request fields that, when unset, take the generation config's default (vLLM's)."""
 RETRY_AFTER_S = 1
 """What a busy server's 503 tells the client to wait before trying again."""
 
@@ -42,6 +45,7 @@ class OpenAIServing:
         self.tokenizer = engine.get_tokenizer()
         self.max_model_len = engine.max_model_len
         self.max_logprobs = engine.config.model_config.max_logprobs
+        self.default_sampling_params, self.override_max_tokens = _sampling_defaults(engine.config.model_config)
         config = engine.config
         num_running = config.scheduler_config.max_num_seqs * config.parallel_config.data_parallel_size
         self.max_num_queued_reqs = server_args.queued_reqs_limit(num_running)
@@ -105,9 +109,10 @@ class OpenAIServing:
         return token_ids
 
     def check_lengths(self, num_prompt_tokens: int, max_tokens: int | None, param: str) -> int:
-        """The request's max_tokens (when None: what fits the context, at most
-        --max-tokens-limit), or a 400 when it passes --max-tokens-limit or the prompt and
-        max_tokens together overflow max_model_len."""
+        """The request's max_tokens, at most `override_max_tokens` (when None: the generation
+        config's default, at most what fits the context and --max-tokens-limit), or a 400
+        when it passes --max-tokens-limit or the prompt and max_tokens together overflow
+        max_model_len."""
         room = self.max_model_len - num_prompt_tokens
         if room < 1:
             raise OpenAIError(
@@ -118,7 +123,8 @@ class OpenAIServing:
             )
         limit = self.server_args.max_tokens_limit
         if max_tokens is None:
-            return room if limit is None else min(room, limit)
+            default = self.default_sampling_params.get("max_tokens")
+            return min(v for v in (room, limit, default, self.override_max_tokens) if v is not None)
         if max_tokens < 1:
             raise OpenAIError(f"{param} must be at least 1, got {max_tokens}.", 400, param)
         if limit is not None and max_tokens > limit:
@@ -131,7 +137,7 @@ class OpenAIServing:
                 400,
                 param,
             )
-        return max_tokens
+        return max_tokens if self.override_max_tokens is None else min(max_tokens, self.override_max_tokens)
 
     def check_logprobs(self, num_logprobs: int | None, param: str) -> None:
         if num_logprobs is not None and num_logprobs > self.max_logprobs:
@@ -144,11 +150,13 @@ class OpenAIServing:
     def to_sampling_params(
         self, request: SamplingRequest, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None
     ) -> SamplingParams:
-        """The request's sampling fields as `SamplingParams` (unset ones keep vLLM's defaults);
-        streams take DELTA outputs, the rest only the final one."""
-        optional = {
-            name: getattr(request, name) for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
-        }
+        """The request's sampling fields as `SamplingParams`: an unset one takes the
+        generation config's default, else vLLM's; streams take DELTA outputs, the rest only
+        the final one."""
+        optional = {}
+        for name in _DEFAULTED_FIELDS:
+            value = getattr(request, name)
+            optional[name] = self.default_sampling_params.get(name) if value is None else value
         try:
             return SamplingParams(
                 n=request.n,
@@ -234,6 +242,16 @@ class OpenAIServing:
             await self.engine.check_health()
         except EngineDeadError as e:
             raise OpenAIError.engine_dead(e) from None
+
+
+def _sampling_defaults(model_config: ModelConfig) -> tuple[dict, int | None]:
+    """vLLM's request defaults: the generation config's sampling parameters, and the cap on
+    every request's max_tokens, the `max_new_tokens` of a generation config given as a
+    directory or of `override_generation_config` (the model's own only sets the default)."""
+    defaults = model_config.get_diff_sampling_param()
+    if model_config.generation_config in ("auto", "vllm"):
+        return defaults, model_config.override_generation_config.get("max_new_tokens")
+    return defaults, defaults.get("max_tokens")
 
 
 async def merge_streams(streams: list[RequestOutputStream]) -> AsyncGenerator[tuple[int, object], None]:

@@ -8,13 +8,16 @@ returned by the part that measures them and passed on, not written back here.
 import dataclasses
 from typing import Any
 
+from vjx.models import generation_config as gen_config
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """What model runs and how its weights are read."""
 
     model: str
-    """Path of a Hugging Face model directory (config.json, *.safetensors, tokenizer files)."""
+    """Path of a Hugging Face model directory (config.json, *.safetensors, tokenizer files):
+    the user's, or a Hub model's snapshot in the hub cache."""
     tokenizer: str
     """Path of the tokenizer directory; the model directory unless given."""
     hf_config: Any
@@ -29,6 +32,12 @@ class ModelConfig:
     """"auto" (safetensors), "safetensors" or "dummy" (random weights of the real shapes)."""
     max_logprobs: int = 20
     """Most `logprobs` / `prompt_logprobs` a request may ask for (the step returns this many)."""
+    generation_config: str = "auto"
+    """Where default sampling parameters come from: "auto" (the model directory's
+    generation_config.json), "vllm" (nowhere: vLLM's defaults) or a directory holding a
+    generation_config.json."""
+    override_generation_config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Generation-config fields set on top of those (the only ones with "vllm")."""
 
     @property
     def architecture(self) -> str:
@@ -39,6 +48,19 @@ class ModelConfig:
         """The language model's config: `hf_config` itself, or the text config nested in a
         multimodal one (Gemma 3's `text_config`), whose sizes the engine reads."""
         return self.hf_config.get_text_config()
+
+    def try_get_generation_config(self) -> dict[str, Any]:
+        """The fields the generation config sets; read from the model directory for "auto"
+        and also for "vllm" (its EOS ids still stop requests), else from the given one."""
+        if self.generation_config in ("auto", "vllm"):
+            return gen_config.try_get_generation_config(self.model, self.hf_config)
+        return gen_config.try_get_generation_config(self.generation_config)
+
+    def get_diff_sampling_param(self) -> dict[str, Any]:
+        """Default sampling parameters, as `SamplingParams` keyword arguments: the
+        generation config's (none with "vllm"), with `override_generation_config` on top."""
+        config = {} if self.generation_config == "vllm" else self.try_get_generation_config()
+        return gen_config.get_diff_sampling_param(config, self.override_generation_config)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,6 +6,8 @@ The command-line flags are generated from the fields below; each field's `help` 
 import argparse
 import dataclasses
 import importlib.util
+import json
+import logging
 import os
 import typing
 
@@ -14,8 +16,12 @@ import transformers
 
 from vjx.attention.backend import default_backend_name
 from vjx.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, VjxConfig
+from vjx.models import hub
 from vjx.models.registry import verify_tensor_parallel
+from vjx.sampling_params import SamplingParams
 from vjx.sharding.mesh import device_groups
+
+logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": "float32", "float": "float32", "bfloat16": "bfloat16", "float16": "float16", "half": "float16"}
 _LOAD_FORMATS = ("auto", "safetensors", "dummy")
@@ -34,10 +40,68 @@ def _field(default, help: str):
     return dataclasses.field(default=default, metadata={"help": help})
 
 
+def _flag_type(field_type):
+    """What a flag's value is parsed with: the type (of `T | None`, T's), JSON for dicts."""
+    if typing.get_origin(field_type) is dict:
+        return _json_object
+    return ([a for a in typing.get_args(field_type) if a is not type(None)] or [field_type])[0]
+
+
+def _json_object(text: str) -> dict:
+    """A command-line JSON object (the type of dict fields' flags)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r} ({e})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
+    return value
+
+
 @dataclasses.dataclass
 class EngineArgs:
-    model: str | None = _field(None, "HF model directory; None uses the embedded SmolLM2-135M-Instruct.")
-    tokenizer: str | None = _field(None, "Tokenizer directory; the model directory when None.")
+    model: str | None = _field(
+        None,
+        "Name or path of the Hugging Face model: a model directory, a Hub model id ('org/name', "
+        "downloaded into the hub cache) or an embedded model's name; None uses the embedded "
+        "SmolLM2-135M-Instruct.",
+    )
+    tokenizer: str | None = _field(
+        None, "Name or path of the Hugging Face tokenizer (a directory or a Hub model id); the model's when None."
+    )
+    revision: str | None = _field(
+        None,
+        "The specific model version to use. It can be a branch name, a tag name, or a commit id. "
+        "If unspecified, will use the default version.",
+    )
+    tokenizer_revision: str | None = _field(
+        None,
+        "The specific revision to use for the tokenizer on the Hugging Face Hub. It can be a "
+        "branch name, a tag name, or a commit id. If unspecified, the model's revision.",
+    )
+    download_dir: str | None = _field(
+        None,
+        "Directory to download and load the weights, default to the default cache directory "
+        "of Hugging Face (HF_HUB_CACHE, or HF_HOME/hub).",
+    )
+    generation_config: str = _field(
+        "auto",
+        "The folder path to the generation config. Defaults to 'auto', the generation config "
+        "will be loaded from model path. If set to 'vllm', no generation config is loaded, "
+        "vLLM defaults will be used. If set to a folder path, the generation config will be "
+        "loaded from the specified folder path. If max_new_tokens is specified in a generation "
+        "config given as a folder path (or in override_generation_config), then it sets a "
+        "server-wide limit on the number of output tokens for all requests.",
+    )
+    override_generation_config: dict[str, typing.Any] = dataclasses.field(
+        default_factory=dict,
+        metadata={
+            "help": "Overrides or sets generation config (a JSON object on the command line), "
+            'e.g. {"temperature": 0.5}. If used with --generation-config auto, the override '
+            "parameters will be merged with the default config from the model. If used with "
+            "--generation-config vllm, only the override parameters are used."
+        },
+    )
     dtype: str = _field(
         "auto",
         "auto, float32, bfloat16 or float16. auto: the checkpoint's dtype "
@@ -95,13 +159,14 @@ class EngineArgs:
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
         for f in dataclasses.fields(cls):
             flag = "--" + f.name.replace("_", "-")
-            kind = ([a for a in typing.get_args(f.type) if a is not type(None)] or [f.type])[0]
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            kind = _flag_type(f.type)
             if kind is bool:
                 parser.add_argument(
-                    flag, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"]
+                    flag, action=argparse.BooleanOptionalAction, default=default, help=f.metadata["help"]
                 )
             else:
-                parser.add_argument(flag, type=kind, default=f.default, help=f.metadata["help"])
+                parser.add_argument(flag, type=kind, default=default, help=f.metadata["help"])
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":
@@ -116,14 +181,17 @@ class EngineArgs:
         max_model_len = self._max_model_len(hf_config.get_text_config())
         model_config = ModelConfig(
             model=model,
-            tokenizer=self.tokenizer or model,
+            tokenizer=self._resolve_tokenizer(model),
             hf_config=hf_config,
             dtype=self._dtype(hf_config),
             max_model_len=max_model_len,
             seed=self.seed,
             load_format=self.load_format,
             max_logprobs=self.max_logprobs,
+            generation_config=self.generation_config,
+            override_generation_config=dict(self.override_generation_config),
         )
+        _verify_generation_config(model_config)
         parallel_config = self.create_parallel_config()
         verify_tensor_parallel(hf_config.get_text_config(), self.tensor_parallel_size)
         device_groups(parallel_config)
@@ -181,17 +249,53 @@ class EngineArgs:
             )
         if self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {self.dtype!r}.")
+        self._verify_generation_args()
+
+    def _verify_generation_args(self) -> None:
+        named = self.generation_config in ("auto", "vllm")
+        if not named and not os.path.isfile(os.path.join(self.generation_config, "generation_config.json")):
+            raise ValueError(
+                "generation_config must be 'auto', 'vllm' or a directory holding a generation_config.json, "
+                f"got {self.generation_config!r}."
+            )
+        if not isinstance(self.override_generation_config, dict):
+            raise ValueError(
+                f"override_generation_config must be a dict, got {type(self.override_generation_config).__name__}."
+            )
 
     def _resolve_model(self) -> str:
+        """The model's directory: the embedded model's, the one given, or a Hub model's
+        snapshot (downloaded at `revision` into `download_dir` when not there yet)."""
         from vjx.models import default_model
 
         if self.model is None:
             return default_model.get_default_model_path()
         if self.model in default_model.EMBEDDED_MODELS:
             return default_model.get_embedded_model_path(self.model)
+        if self._is_hub_model():
+            return hub.download_model(self.model, self.revision, self.download_dir)
         if not os.path.isfile(os.path.join(self.model, "config.json")):
             raise ValueError(f"model must be a Hugging Face model directory with a config.json, got {self.model!r}.")
         return self.model
+
+    def _resolve_tokenizer(self, model_dir: str) -> str:
+        """The tokenizer's directory. As in vLLM the tokenizer defaults to the model and
+        `tokenizer_revision` to `revision`: a Hub model's snapshot holds its tokenizer,
+        unless another revision of it is asked for."""
+        revision = self.revision if self.tokenizer_revision is None else self.tokenizer_revision
+        if self.tokenizer is not None:
+            if os.path.isdir(self.tokenizer):
+                return self.tokenizer
+            return hub.download_tokenizer(self.tokenizer, revision, self.download_dir)
+        if self._is_hub_model() and revision != self.revision:
+            return hub.download_tokenizer(self.model, revision, self.download_dir)
+        return model_dir
+
+    def _is_hub_model(self) -> bool:
+        from vjx.models import default_model
+
+        embedded = default_model.EMBEDDED_MODELS
+        return self.model is not None and self.model not in embedded and not os.path.isdir(self.model)
 
     def _dtype(self, hf_config) -> str:
         if self.dtype != "auto":
@@ -254,3 +358,19 @@ class EngineArgs:
         if self.async_scheduling is None:
             return jax.default_backend() != "cpu"
         return self.async_scheduling
+
+
+def _verify_generation_config(model_config: ModelConfig) -> None:
+    """Builds the default sampling parameters once, so a generation config the engine cannot
+    take fails at start-up rather than in every request."""
+    defaults = model_config.get_diff_sampling_param()
+    try:
+        SamplingParams(**defaults)
+    except ValueError as e:
+        raise ValueError(f"generation_config sets a default sampling parameter out of range: {e}") from None
+    if defaults:
+        logger.info(
+            "Default sampling parameters from the model's generation config: %s (generation_config='vllm' "
+            "keeps vLLM's defaults).",
+            defaults,
+        )

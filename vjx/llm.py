@@ -16,9 +16,10 @@ from vjx.sampling_params import RequestOutputKind, SamplingParams
 class LLM:
     """Loads a model once and generates completions for batches of prompts.
 
-    `model=None` runs the embedded default model, SmolLM2-135M-Instruct. The keyword
-    arguments are vLLM's engine arguments, documented on `EngineArgs`; the ones not listed
-    (e.g. `scheduling_policy`, `async_scheduling`) pass through `**kwargs`.
+    `model` is a model directory, a Hugging Face Hub model id (downloaded at `revision`) or
+    None for the embedded default model, SmolLM2-135M-Instruct. The keyword arguments are
+    vLLM's engine arguments, documented on `EngineArgs`; the ones not listed (e.g.
+    `download_dir`, `generation_config`, `scheduling_policy`) pass through `**kwargs`.
     """
 
     def __init__(
@@ -26,6 +27,8 @@ class LLM:
         model: str | None = None,
         *,
         tokenizer: str | None = None,
+        revision: str | None = None,
+        tokenizer_revision: str | None = None,
         dtype: str = "auto",
         seed: int = 0,
         max_model_len: int | None = None,
@@ -46,6 +49,7 @@ class LLM:
         engine_args = EngineArgs(**explicit, **kwargs)
         self.llm_engine = LLMEngine.from_engine_args(engine_args)
         self.request_counter = itertools.count()
+        self.default_sampling_params: dict | None = None
 
     def shutdown(self) -> None:
         """Stops the engine core process, if the engine runs one."""
@@ -53,6 +57,15 @@ class LLM:
 
     def get_tokenizer(self):
         return self.llm_engine.get_tokenizer()
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What `generate` and `chat` use without `sampling_params`: `SamplingParams()` with the
+        model's generation-config defaults (`temperature`, `top_p`, `top_k`, `min_p`,
+        `repetition_penalty`, `max_tokens` from `max_new_tokens`) set, unless the engine was
+        built with `generation_config="vllm"`."""
+        if self.default_sampling_params is None:
+            self.default_sampling_params = self.llm_engine.config.model_config.get_diff_sampling_param()
+        return SamplingParams(**self.default_sampling_params)
 
     def generate(
         self,
@@ -62,7 +75,8 @@ class LLM:
     ) -> list[RequestOutput]:
         """Completes each prompt; outputs come back in the order of `prompts`.
 
-        A prompt is a string, `{"prompt": str}` or `{"prompt_token_ids": [int, ...]}`.
+        A prompt is a string, `{"prompt": str}` or `{"prompt_token_ids": [int, ...]}`;
+        `sampling_params=None` means `get_default_sampling_params()` for every prompt.
         """
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
@@ -113,10 +127,9 @@ class LLM:
         )
         return search.run(list(prompts), params)
 
-    @staticmethod
-    def _params_per_prompt(num_prompts: int, sampling_params) -> list[SamplingParams]:
+    def _params_per_prompt(self, num_prompts: int, sampling_params) -> list[SamplingParams]:
         if sampling_params is None:
-            return [SamplingParams()] * num_prompts
+            return [self.get_default_sampling_params()] * num_prompts
         if isinstance(sampling_params, SamplingParams):
             return [sampling_params] * num_prompts
         if len(sampling_params) != num_prompts:

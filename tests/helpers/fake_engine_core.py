@@ -14,7 +14,7 @@ import pathlib
 import numpy as np
 
 import vjx.engine.llm_engine
-from tests.helpers.tokenizer import EOS, make_tokenizer
+from tests.helpers.tokenizer import BOS, EOS, make_tokenizer
 from vjx import LLM
 from vjx.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
 from vjx.outputs import LogprobsLists
@@ -117,6 +117,9 @@ def write_model_dir(path: pathlib.Path) -> str:
         "num_key_value_heads": 1,
         "max_position_embeddings": MAX_MODEL_LEN,
         "dtype": "float32",
+        # The tokenizer's, or the config's default (2) would be a second EOS id.
+        "bos_token_id": BOS,
+        "eos_token_id": EOS,
     }
     (path / "config.json").write_text(json.dumps(config))
     make_tokenizer().save_pretrained(path)

@@ -8,6 +8,7 @@ from benchmarks.serve import RequestResult, summarize
 from serving.cli import _parse_args, main
 from serving.config_file import load_config_file
 from serving.server_args import ServerArgs
+from vjx.engine_args import EngineArgs
 
 
 def _serve_parser() -> argparse.ArgumentParser:
@@ -86,6 +87,23 @@ def test_limit_flags_are_typed_and_the_queue_defaults_past_the_running_requests(
     assert defaults.queued_reqs_limit(max_num_running=2 * 256) == 512 + 1024
     args = ServerArgs.from_cli_args(_parse_args(["serve", "--max-tokens-limit", "64", "--max-num-queued-reqs", "0"]))
     assert (args.max_tokens_limit, args.queued_reqs_limit(max_num_running=16)) == (64, 0)
+
+
+def test_hub_and_generation_config_flags_become_engine_args(tmp_path, capsys):
+    flags = ["--revision", "v2", "--tokenizer-revision", "main", "--download-dir", str(tmp_path)]
+    flags += ["--generation-config", "vllm", "--override-generation-config", '{"temperature": 0.5}']
+    args = EngineArgs.from_cli_args(_parse_args(["generate", "--prompt", "x", "--model", "org/name", *flags]))
+    assert (args.model, args.revision, args.tokenizer_revision, args.download_dir) == (
+        "org/name",
+        "v2",
+        "main",
+        str(tmp_path),
+    )
+    assert (args.generation_config, args.override_generation_config) == ("vllm", {"temperature": 0.5})
+    assert EngineArgs.from_cli_args(_parse_args(["serve"])).override_generation_config == {}
+    with pytest.raises(SystemExit):
+        _parse_args(["serve", "--override-generation-config", "[1]"])
+    assert "--override-generation-config: must be a JSON object, got '[1]'" in capsys.readouterr().err
 
 
 def test_model_given_twice_differently(capsys):

@@ -13,6 +13,7 @@ from transformers import PreTrainedTokenizerBase
 
 from vjx.config import ModelConfig
 from vjx.engine.messages import EngineCoreRequest
+from vjx.models.generation_config import extra_eos_token_ids
 from vjx.sampling_params import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS, SamplingParams
 from vjx.validation import check_int
 
@@ -29,11 +30,14 @@ class InputProcessor:
         tokenizer: PreTrainedTokenizerBase,
         eos_token_id: int | None = None,
     ):
-        """`eos_token_id` overrides the tokenizer's (e.g. from the model's generation config).
+        """`eos_token_id` overrides the tokenizer's. The generation config's other EOS ids
+        become stop token ids of every request (unless `ignore_eos`), as in vLLM.
         `model_config.max_logprobs` caps `logprobs` and `prompt_logprobs`."""
         self.model_config = model_config
         self.tokenizer = tokenizer
         self.eos_token_id = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
+        generation_config = model_config.try_get_generation_config()
+        self.extra_eos_token_ids = extra_eos_token_ids(generation_config, self.eos_token_id)
         self.vocab_size = len(tokenizer)
         self.max_logprobs = model_config.max_logprobs
 
@@ -109,7 +113,7 @@ class InputProcessor:
 
     def _validate_params(self, params: SamplingParams, num_prompt_tokens: int) -> SamplingParams:
         """A copy of `params`, checked against the vocabulary and the logprobs cap, with
-        `max_tokens` set."""
+        `max_tokens` set and the extra EOS ids added to `stop_token_ids`."""
         self._check_token_ids("stop_token_ids", params.stop_token_ids)
         self._check_token_ids("logit_bias", list(params.logit_bias or {}))
         self._check_token_ids("allowed_token_ids", params.allowed_token_ids or [])
@@ -124,10 +128,13 @@ class InputProcessor:
         max_tokens = params.max_tokens
         if max_tokens is None:
             max_tokens = self.model_config.max_model_len - num_prompt_tokens
+        stop_token_ids = list(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop_token_ids += [t for t in self.extra_eos_token_ids if t not in stop_token_ids]
         params = dataclasses.replace(
             params,
             stop=list(params.stop),
-            stop_token_ids=list(params.stop_token_ids),
+            stop_token_ids=stop_token_ids,
             max_tokens=max_tokens,
         )
         params.bad_words_token_ids = bad_words_token_ids or None

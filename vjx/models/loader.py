@@ -106,15 +106,22 @@ def get_model(model_config: ModelConfig, backend: AttentionBackend, *, mesh: Mes
     model_cls = get_model_class(model_config.hf_config)
     dtype = jnp.dtype(DTYPES[model_config.dtype])
     model = nnx.eval_shape(
-        lambda: model_cls(model_config.hf_config, dtype=dtype, backend=backend, rngs=_ShapeOnlyRngs(model_config.seed))
+        lambda: model_cls(
+            model_config.hf_config,
+            dtype=dtype,
+            backend=backend,
+            rngs=_ShapeOnlyRngs(model_config.seed),
+            max_model_len=model_config.max_model_len,
+        )
     )
     slots = _param_slots(model)
     placement = _Placement(mesh)
     if model_config.load_format == "dummy":
         _fill_dummy(slots, model_config.seed, placement)
     else:
-        is_tied = getattr(model_config.hf_config, "tie_word_embeddings", False)
-        _fill_from_safetensors(slots, pathlib.Path(model_config.model), is_tied, placement)
+        is_tied = getattr(model_config.hf_text_config, "tie_word_embeddings", False)
+        names = _CheckpointNames(model_cls.CHECKPOINT_PREFIXES, is_tied)
+        _fill_from_safetensors(slots, pathlib.Path(model_config.model), names, placement)
     return model
 
 
@@ -173,18 +180,43 @@ def _dummy_fn(
     return jax.jit(make, out_shardings=sharding)
 
 
+@dataclasses.dataclass(frozen=True)
+class _CheckpointNames:
+    """How checkpoint tensor names become param slot names."""
+
+    prefixes: dict[str, str | None]
+    """Checkpoint name prefix -> the model's (None: tensors the model does not use, e.g. a
+    vision tower); the first matching prefix applies."""
+    is_tied: bool
+    """The LM head is the embedding, so a stored `lm_head.weight` is a copy to skip."""
+
+    def slot_name(self, name: str) -> str | None:
+        """The slot `name` fills, or None for a tensor to skip."""
+        for prefix, new_prefix in self.prefixes.items():
+            if name.startswith(prefix):
+                if new_prefix is None:
+                    return None
+                name = new_prefix + name[len(prefix) :]
+                break
+        if name.endswith(_DERIVED_SUFFIXES) or (self.is_tied and name == "lm_head.weight"):
+            return None
+        return name
+
+
 def _fill_from_safetensors(
-    slots: dict[str, _ParamSlot], directory: pathlib.Path, is_tied: bool, placement: _Placement
+    slots: dict[str, _ParamSlot], directory: pathlib.Path, names: _CheckpointNames, placement: _Placement
 ) -> None:
     loaded = set()
     pending: dict[int, dict[int, tuple[str, np.ndarray]]] = {}
     for path in _safetensors_files(directory):
-        for name, tensor in _read_safetensors(path):
-            if name.endswith(_DERIVED_SUFFIXES) or (is_tied and name == "lm_head.weight"):
+        for checkpoint_name, tensor in _read_safetensors(path):
+            name = names.slot_name(checkpoint_name)
+            if name is None:
                 continue
             if name not in slots:
                 raise ValueError(
-                    f"tensor {name!r} in {path} matches no param of the model; expected names like {sorted(slots)[:3]}."
+                    f"tensor {checkpoint_name!r} in {path} matches no param of the model; "
+                    f"expected names like {sorted(slots)[:3]}."
                 )
             slot = slots[name]
             loaded.add(name)

@@ -4,12 +4,27 @@ from typing import Any
 
 from flax import nnx
 
+from vjx.models.gemma2 import Gemma2ForCausalLM
+from vjx.models.gemma3 import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
+from vjx.models.granite import GraniteForCausalLM
 from vjx.models.llama import LlamaForCausalLM
+from vjx.models.olmo2 import Olmo2ForCausalLM
+from vjx.models.phi3 import Phi3ForCausalLM
+from vjx.models.qwen2 import Qwen2ForCausalLM
+from vjx.models.qwen3 import Qwen3ForCausalLM
 from vjx.sharding.placement import kv_head_replicas
 
 _MODELS: dict[str, type[nnx.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
+    "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Gemma2ForCausalLM": Gemma2ForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Gemma3ForConditionalGeneration": Gemma3ForConditionalGeneration,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
+    "Olmo2ForCausalLM": Olmo2ForCausalLM,
+    "GraniteForCausalLM": GraniteForCausalLM,
 }
 
 

@@ -105,6 +105,20 @@ class QKVLinear(Linear):
         return np.concatenate(groups, axis=len(lead) + 1)
 
 
+class FusedQKVLinear(QKVLinear):
+    """A `QKVLinear` whose checkpoint already fuses q, k and v in one tensor at its own path
+    (Phi-3's `qkv_proj`: rows [q heads | k heads | v heads])."""
+
+    HF_PARTS = ()
+
+    def to_param_layout(self, attr: str, tensors: Sequence[np.ndarray]) -> np.ndarray:
+        (tensor,) = tensors
+        _, num_kv_heads, num_parts, head_dim = self.kernel.shape
+        q_rows = num_kv_heads * (num_parts - 2) * head_dim
+        parts = np.split(tensor, [q_rows, q_rows + num_kv_heads * head_dim], axis=0)
+        return super().to_param_layout(attr, parts)
+
+
 class MergedLinear(Linear):
     """Several projections of the same input in one GEMM: kernel [D, P, F] for the P
     checkpoint modules `parts` (siblings of this one), each of width F along `out_axis`.
@@ -139,6 +153,19 @@ class MergedLinear(Linear):
     def to_param_layout(self, attr: str, tensors: Sequence[np.ndarray]) -> np.ndarray:
         """Weights [F, D] (biases [F]) of the parts, stacked on the parts axis."""
         return np.stack([tensor.T if attr == "kernel" else tensor for tensor in tensors], axis=-2)
+
+
+class FusedMergedLinear(MergedLinear):
+    """A `MergedLinear` whose checkpoint already stacks its parts in one tensor at its own path
+    (Phi-3's `gate_up_proj`: rows [gate | up])."""
+
+    def __init__(self, num_parts: int, *args, **kwargs):
+        super().__init__(tuple(f"part{i}" for i in range(num_parts)), *args, **kwargs)
+        self.HF_PARTS = ()
+
+    def to_param_layout(self, attr: str, tensors: Sequence[np.ndarray]) -> np.ndarray:
+        (tensor,) = tensors
+        return super().to_param_layout(attr, np.split(tensor, self.kernel.shape[1], axis=0))
 
 
 class Embedding(nnx.Module, HFParamLayer):

@@ -15,7 +15,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int
 
 DEFAULT_ROPE_THETA = 10000.0
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,39 +24,58 @@ class RotaryEmbedding:
 
     inv_freq: tuple[float, ...]
     """One inverse frequency per rotated plane (head_dim / 2 of them), float32 values."""
+    attention_scaling: float = 1.0
+    """Factor on cos and sin (LongRoPE's attention factor); 1 for the other types."""
 
     @classmethod
-    def from_hf_config(cls, hf_config: Any, head_dim: int) -> "RotaryEmbedding":
-        params = rope_parameters(hf_config)
+    def from_hf_config(
+        cls, hf_config: Any, head_dim: int, *, layer_type: str | None = None, max_model_len: int | None = None
+    ) -> "RotaryEmbedding":
+        """The rotation of `hf_config` (of its `layer_type` layers when the config gives RoPE
+        parameters per layer type). `max_model_len` picks LongRoPE's long factors when it
+        exceeds the original context, for every position, as vLLM does: a request's cached
+        keys then never need re-rotating (HF instead switches on the current length)."""
+        params = rope_parameters(hf_config, layer_type)
         rope_type = params["rope_type"]
-        inv_freq = _default_inv_freq(float(params["rope_theta"]), head_dim)
+        powers = _rope_powers(float(params["rope_theta"]), head_dim)
+        inv_freq = np.float32(1.0) / powers
+        attention_scaling = 1.0
         if rope_type == "linear":
             inv_freq = inv_freq / np.float32(params["factor"])
         elif rope_type == "llama3":
             inv_freq = _llama3_inv_freq(inv_freq, params, hf_config.max_position_embeddings)
+        elif rope_type == "longrope":
+            max_len = hf_config.max_position_embeddings if max_model_len is None else max_model_len
+            inv_freq, attention_scaling = _longrope(powers, params, hf_config, max_len)
         elif rope_type != "default":
             raise ValueError(f"rope_type must be one of {SUPPORTED_ROPE_TYPES}, got {rope_type!r}.")
-        return cls(inv_freq=tuple(float(f) for f in inv_freq.astype(np.float32)))
+        return cls(inv_freq=tuple(float(f) for f in inv_freq.astype(np.float32)), attention_scaling=attention_scaling)
 
     def __call__(self, x: Float[Array, "T N H"], positions: Int[Array, " T"]) -> Float[Array, "T N H"]:
         inv_freq = jnp.asarray(np.asarray(self.inv_freq, np.float32))
         freqs_TF = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]
         angles_TH = jnp.concatenate([freqs_TF, freqs_TF], axis=-1)
-        cos = jnp.cos(angles_TH).astype(x.dtype)[:, None, :]
-        sin = jnp.sin(angles_TH).astype(x.dtype)[:, None, :]
+        cos, sin = jnp.cos(angles_TH), jnp.sin(angles_TH)
+        if self.attention_scaling != 1.0:
+            cos, sin = cos * self.attention_scaling, sin * self.attention_scaling
+        cos = cos.astype(x.dtype)[:, None, :]
+        sin = sin.astype(x.dtype)[:, None, :]
         x1, x2 = jnp.split(x, 2, axis=-1)
         return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
 
 
-def rope_parameters(hf_config: Any) -> dict[str, Any]:
+def rope_parameters(hf_config: Any, layer_type: str | None = None) -> dict[str, Any]:
     """`rope_type`, `rope_theta` and scaling fields, from transformers 4.x or 5.x configs.
 
-    transformers 5 keeps everything in `rope_parameters`; 4.x has `rope_theta` and an optional
-    `rope_scaling` dict whose type key is `rope_type` or, in older files, `type`.
+    transformers 5 keeps everything in `rope_parameters`, nested by layer type for models whose
+    layer types rotate differently (Gemma 3: local and global layers); 4.x has `rope_theta`
+    and an optional `rope_scaling` dict whose type key is `rope_type` or, in older files, `type`.
     """
     params: dict[str, Any] = {"rope_theta": getattr(hf_config, "rope_theta", DEFAULT_ROPE_THETA)}
     for attr in ("rope_scaling", "rope_parameters"):
         extra = getattr(hf_config, attr, None)
+        if extra and layer_type in extra:
+            extra = extra[layer_type]
         if extra:
             params.update(extra)
     params["rope_type"] = params.get("rope_type") or params.get("type") or "default"
@@ -66,11 +85,11 @@ def rope_parameters(hf_config: Any) -> dict[str, Any]:
     return params
 
 
-def _default_inv_freq(theta: float, head_dim: int) -> np.ndarray:
+def _rope_powers(theta: float, head_dim: int) -> np.ndarray:
+    """theta ** (2i / head_dim) per plane i: the wavelengths / 2 pi of plain RoPE."""
     exponents = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
     # The power is rounded once to float32 (computed in float64), as torch's float pow is.
-    powers = (np.float64(theta) ** exponents.astype(np.float64)).astype(np.float32)
-    return np.float32(1.0) / powers
+    return (np.float64(theta) ** exponents.astype(np.float64)).astype(np.float32)
 
 
 def _llama3_inv_freq(inv_freq: np.ndarray, params: dict[str, Any], max_position_embeddings: int) -> np.ndarray:
@@ -91,3 +110,16 @@ def _llama3_inv_freq(inv_freq: np.ndarray, params: dict[str, Any], max_position_
     smoothed = (1 - smooth) * scaled / np.float32(factor) + smooth * scaled
     is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
     return np.where(is_medium, smoothed, scaled).astype(np.float32)
+
+
+def _longrope(powers: np.ndarray, params: dict[str, Any], hf_config: Any, max_len: int) -> tuple[np.ndarray, float]:
+    """Phi-3's LongRoPE: per-plane factors (long ones beyond the original context) and a
+    factor on cos/sin that grows with the context extension."""
+    original = params.get("original_max_position_embeddings") or hf_config.original_max_position_embeddings
+    factors = params["long_factor"] if max_len > original else params["short_factor"]
+    scaled = np.float32(1.0) / (np.asarray(factors, np.float32) * powers)
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        factor = params.get("factor") or hf_config.max_position_embeddings / original
+        attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return scaled, float(attention_factor)

@@ -1,0 +1,168 @@
+"""Tiny random configs of every dense family vjx implements, built with `transformers`.
+
+Each has 4 query heads and 2 KV heads (tensor parallelism of 2 and 4 splits them evenly and,
+at 4, repeats each KV head), head_dim 16 (Qwen 3: 32, not hidden / heads), hidden 64 and a
+vocabulary of 296 inside the test tokenizer's ids. Every feature the family file implements
+is switched on with a value that changes the logits: sliding windows shorter than the long
+prompt, soft-caps low enough to bite, Granite's multipliers away from one, LongRoPE's long
+factors.
+"""
+
+import jax
+import numpy as np
+import torch
+import transformers
+
+from tests.helpers.model_steps import BLOCK_SIZE, NUM_BLOCKS, prefill, random_blocks
+from tests.helpers.tiny_llama import randomize_
+from vjx.attention.reference import ReferenceBackend
+from vjx.config import ModelConfig
+from vjx.models.loader import get_model
+from vjx.sharding.placement import num_cache_kv_heads
+from vjx.sharding.rules import logical_sharding
+
+VOCAB = 296
+MAX_MODEL_LEN = 512
+WINDOW = 32
+"""The sliding window of every windowed config: shorter than the long prompts."""
+
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=512,
+    bos_token_id=0,
+    eos_token_id=1,
+    pad_token_id=0,
+)
+
+
+def _gemma3_rope() -> dict:
+    return {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+    }
+
+
+def _longrope() -> dict:
+    planes = COMMON["head_dim"] // 2
+    return {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "short_factor": [1.0 + 0.1 * i for i in range(planes)],
+        "long_factor": [1.0 + 0.7 * i for i in range(planes)],
+        "original_max_position_embeddings": 64,
+    }
+
+
+FAMILIES = {
+    "qwen2": lambda: transformers.Qwen2Config(
+        **COMMON,
+        num_hidden_layers=3,
+        tie_word_embeddings=True,
+        use_sliding_window=True,
+        sliding_window=WINDOW,
+        max_window_layers=1,
+    ),
+    "qwen3": lambda: transformers.Qwen3Config(
+        **{**COMMON, "head_dim": 32},
+        num_hidden_layers=2,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    ),
+    "gemma2": lambda: transformers.Gemma2Config(
+        **COMMON,
+        num_hidden_layers=3,
+        query_pre_attn_scalar=24,
+        sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        attn_logit_softcapping=5.0,
+        final_logit_softcapping=10.0,
+        tie_word_embeddings=False,
+    ),
+    "gemma3": lambda: transformers.Gemma3TextConfig(
+        **COMMON,
+        num_hidden_layers=4,
+        query_pre_attn_scalar=24,
+        sliding_window=WINDOW,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters=_gemma3_rope(),
+    ),
+    "phi3": lambda: transformers.Phi3Config(**COMMON, num_hidden_layers=2, sliding_window=WINDOW),
+    "phi3_longrope": lambda: transformers.Phi3Config(
+        **COMMON, num_hidden_layers=2, original_max_position_embeddings=64, rope_parameters=_longrope()
+    ),
+    "olmo2": lambda: transformers.Olmo2Config(**COMMON, num_hidden_layers=2),
+    "granite": lambda: transformers.GraniteConfig(
+        **COMMON,
+        num_hidden_layers=2,
+        embedding_multiplier=4.0,
+        attention_multiplier=0.0625,
+        residual_multiplier=0.5,
+        logits_scaling=2.0,
+    ),
+}
+"""Family name -> a function building its config (the architecture is set by `family_config`)."""
+
+ARCHITECTURES = {
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "phi3_longrope": "Phi3ForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
+    "granite": "GraniteForCausalLM",
+}
+
+MIN_PROMPT_LEN = {"phi3_longrope": 65}
+"""Shortest prompt transformers runs with the long factors (longer than the original 64
+positions) - the factors vjx uses for every position when max_model_len exceeds them."""
+
+
+def family_config(name: str):
+    config = FAMILIES[name]()
+    config.architectures = [ARCHITECTURES[name]]
+    return config
+
+
+class Family:
+    """One family's HF model and vjx's, loaded from the same directory."""
+
+    def __init__(self, name: str, model_dir):
+        self.name = name
+        self.hf_config = family_config(name)
+        torch.manual_seed(0)
+        self.hf_model = getattr(transformers, self.hf_config.architectures[0])(self.hf_config).eval()
+        self.hf_model.config._attn_implementation = "eager"
+        randomize_(self.hf_model, 0)
+        self.hf_model.save_pretrained(model_dir)
+        self.model_config = ModelConfig(
+            model=str(model_dir),
+            tokenizer=str(model_dir),
+            hf_config=transformers.AutoConfig.from_pretrained(model_dir),
+            dtype="float32",
+            max_model_len=MAX_MODEL_LEN,
+            seed=0,
+            load_format="auto",
+        )
+        self.model = get_model(self.model_config, ReferenceBackend())
+
+    def hf_logits(self, token_ids) -> np.ndarray:
+        with torch.no_grad():
+            return self.hf_model(torch.as_tensor(np.asarray(token_ids))[None]).logits[0].float().numpy()
+
+    def caches(self, tensor_parallel_size: int = 1, mesh=None) -> list[jax.Array]:
+        text = self.model_config.hf_text_config
+        num_kv_heads = num_cache_kv_heads(text.num_key_value_heads, tensor_parallel_size)
+        shape = ReferenceBackend().kv_cache_shape(NUM_BLOCKS, BLOCK_SIZE, num_kv_heads, text.head_dim)
+        device = jax.devices()[0] if mesh is None else logical_sharding(mesh, ReferenceBackend().kv_cache_axes)
+        zeros = jax.device_put(np.zeros(shape, np.float32), device)
+        return [zeros.copy() for _ in range(text.num_hidden_layers)]
+
+    def logits(self, token_ids, seed: int = 0) -> np.ndarray:
+        logits, _ = prefill(self.model, token_ids, 0, random_blocks(seed), self.caches())
+        return logits
