@@ -9,6 +9,7 @@ turn it has seen an example of, so the sanity check gives it one.
 
 import dataclasses
 import hashlib
+import json
 import os
 import pathlib
 import zipfile
@@ -190,6 +191,20 @@ def test_tokenizer_matches_transformers_gguf(tokenizer, reference_tokenizer, tex
     assert plain == reference_tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def test_tokenizer_json_is_transformers_own(model_dir, reference_tokenizer):
+    ours = json.loads(pathlib.Path(model_dir, "tokenizer.json").read_text(encoding="utf-8"))
+    reference = json.loads(reference_tokenizer.backend_tokenizer.to_str())
+    # transformers' pre-tokenizer splits on " ", which its normalizer has already replaced.
+    assert ours.pop("pre_tokenizer") is None
+    assert reference.pop("pre_tokenizer") == {
+        "type": "Split",
+        "pattern": {"String": " "},
+        "behavior": "MergedWithPrevious",
+        "invert": False,
+    }
+    assert ours == reference
+
+
 def test_tokenizer_special_tokens(tokenizer):
     assert tokenizer("<start_of_turn>user\nhi<end_of_turn>")["input_ids"] == [2, 105, 2364, 107, 2202, 106]
     assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.unk_token, tokenizer.pad_token) == (
@@ -282,15 +297,17 @@ def test_unknown_name_is_refused():
         get_embedded_model_path("gemma-3")
 
 
-def _hf_greedy(hf_model, prompt: list[int], num_tokens: int) -> tuple[list[int], list[torch.Tensor]]:
-    """Greedy tokens and each step's logits (a full forward per step, float32)."""
-    ids, tokens, logits = list(prompt), [], []
+def _first_difference(hf_model, prompt: list[int], ours: list[int]) -> tuple[int, torch.Tensor] | None:
+    """Where transformers' greedy tokens first leave `ours`, and its logits there; None if never.
+
+    One full forward over the prompt and `ours` gives transformers' logits after each prefix
+    of `ours`; up to the first difference those prefixes are its own greedy ones.
+    """
     with torch.no_grad():
-        for _ in range(num_tokens):
-            logits.append(hf_model(torch.as_tensor([ids])).logits[0, -1])
-            tokens.append(int(logits[-1].argmax()))
-            ids.append(tokens[-1])
-    return tokens, logits
+        logits = hf_model(torch.as_tensor([prompt + ours])).logits[0, len(prompt) - 1 : -1]
+    theirs = logits.argmax(-1).tolist()
+    i = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+    return None if i is None else (i, logits[i])
 
 
 def test_engine_matches_transformers_greedily(hf_model, tokenizer):
@@ -303,15 +320,15 @@ def test_engine_matches_transformers_greedily(hf_model, tokenizer):
         llm.shutdown()
     for prompt, output in zip(prompts, outputs, strict=True):
         ours = list(output.outputs[0].token_ids)
-        theirs, their_logits = _hf_greedy(hf_model, prompt, NUM_OUTPUT_TOKENS)
         assert len(ours) == NUM_OUTPUT_TOKENS
-        if ours == theirs:
+        difference = _first_difference(hf_model, prompt, ours)
+        if difference is None:
             continue
-        # At the first difference the two sides were at a near-tie: each picked the other's
-        # runner-up, less than 1e-3 apart in both.
-        i = next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)
-        our_top2 = output.outputs[0].logprobs[i]
-        assert ours[i] in torch.topk(their_logits[i], 2).indices.tolist(), (i, ours, theirs)
-        assert theirs[i] in our_top2, (i, ours, theirs)
-        assert float(their_logits[i][theirs[i]] - their_logits[i][ours[i]]) < 1e-3, (i, ours, theirs)
-        assert our_top2[ours[i]].logprob - our_top2[theirs[i]].logprob < 1e-3, (i, ours, theirs)
+        # The two sides were at a near-tie there: each picked the other's runner-up, less
+        # than 1e-3 apart in both.
+        i, their_logits = difference
+        theirs, our_top2 = int(their_logits.argmax()), output.outputs[0].logprobs[i]
+        assert ours[i] in torch.topk(their_logits, 2).indices.tolist(), (i, ours, theirs)
+        assert theirs in our_top2, (i, ours, theirs)
+        assert float(their_logits[theirs] - their_logits[ours[i]]) < 1e-3, (i, ours, theirs)
+        assert our_top2[ours[i]].logprob - our_top2[theirs].logprob < 1e-3, (i, ours, theirs)

@@ -15,6 +15,7 @@ Gemma's scores do not follow its merge order, the vocabulary's order does.
 
 from tokenizers import Tokenizer, decoders, models, normalizers
 
+from vjx.models.gguf.metadata import special_token_ids
 from vjx.models.gguf.special_tokens import add_gguf_added_tokens, bos_eos_post_processor
 
 _SPACE = "\u2581"
@@ -29,7 +30,8 @@ def build_gemma_tokenizer(metadata: dict) -> Tokenizer:
         raise ValueError("gguf_path: a Gemma vocabulary with add_space_prefix is not supported")
     tokens = [_respell(token) for token in metadata["tokenizer.ggml.tokens"]]
     vocab = {token: token_id for token_id, token in enumerate(tokens)}
-    unk = tokens[int(metadata.get("tokenizer.ggml.unknown_token_id", vocab.get("<unk>", 0)))]
+    unk_id = special_token_ids(metadata).get("unk")
+    unk = None if unk_id is None else tokens[unk_id]
     bpe = models.BPE(vocab=vocab, merges=_merges(tokens, vocab), unk_token=unk, fuse_unk=True, byte_fallback=True)
     tokenizer = Tokenizer(bpe)
     tokenizer.normalizer = normalizers.Replace(" ", _SPACE)
@@ -37,7 +39,8 @@ def build_gemma_tokenizer(metadata: dict) -> Tokenizer:
     post_processor = bos_eos_post_processor(metadata)
     if post_processor is not None:
         tokenizer.post_processor = post_processor
-    add_gguf_added_tokens(tokenizer, tokens, metadata.get("tokenizer.ggml.token_type", []))
+    # By their file spelling: the whitespace runs are left to the merges, as in transformers.
+    add_gguf_added_tokens(tokenizer, metadata["tokenizer.ggml.tokens"], metadata.get("tokenizer.ggml.token_type", []))
     return tokenizer
 
 

@@ -15,8 +15,7 @@ def add_gguf_added_tokens(tokenizer: Tokenizer, tokens: list[str], token_types: 
     """Makes the GGUF's control and user-defined tokens match whole, before the model runs.
 
     Control tokens are also "special" (dropped by skip_special_tokens), user-defined ones are
-    not. `tokens` may differ from the file's spelling; a user-defined token whose new spelling
-    left the vocabulary is left to the model.
+    not. A user-defined token the vocabulary spells differently is left to the model.
     """
     vocab = tokenizer.get_vocab()
     control = [tokens[i] for i, kind in enumerate(token_types) if kind == TOKEN_TYPE_CONTROL]
@@ -39,7 +38,7 @@ def bos_eos_post_processor(metadata: dict) -> processors.TemplateProcessing | No
     tail = [edges["eos"][0]] if "eos" in edges else []
     return processors.TemplateProcessing(
         single=" ".join([*head, "$A", *tail]),
-        pair=" ".join([*head, "$A", *tail, *head, "$B:1", *tail]),
+        pair=" ".join([*head, "$A", *tail, *[f"{t}:1" for t in head], "$B:1", *[f"{t}:1" for t in tail]]),
         special_tokens=sorted(set(edges.values())),
     )
 
