@@ -12,9 +12,9 @@ import pathlib
 import numpy as np
 import pytest
 import torch
-from safetensors.numpy import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from tests.helpers.gguf_checks import assert_weights_match
 from vjx.models import embedded_model
 from vjx.models.default_model import DEFAULT_MODEL, SMOLLM2, get_default_model_path
 from vjx.models.embedded_model import download_gguf, prepare_model_dir
@@ -120,15 +120,7 @@ def test_chat_template_matches_transformers_gguf(tokenizer_pair):
 
 
 def test_weights_match_transformers_gguf(model_dir, reference_model):
-    ours = load_file(os.path.join(model_dir, "model.safetensors"))
-    reference = {name: t.numpy() for name, t in reference_model.state_dict().items()}
-    # The embedding is tied to the LM head, so the file stores it once.
-    assert sorted(reference) == sorted([*ours, "lm_head.weight"])
-    ours["lm_head.weight"] = ours["model.embed_tokens.weight"]
-    for name, weight in reference.items():
-        assert ours[name].dtype == np.float32, name
-        assert ours[name].shape == weight.shape, name
-        np.testing.assert_array_equal(ours[name], weight, err_msg=name)
+    assert_weights_match(model_dir, reference_model)
 
 
 def test_config_matches_transformers_gguf(model_dir, reference_model):
