@@ -156,7 +156,8 @@ class EngineArgs:
     )
 
     @classmethod
-    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        """Adds a `--flag-name` per field to `parser` and returns it (vLLM's contract)."""
         for f in dataclasses.fields(cls):
             flag = "--" + f.name.replace("_", "-")
             default = f.default_factory() if f.default is dataclasses.MISSING else f.default
@@ -167,6 +168,7 @@ class EngineArgs:
                 )
             else:
                 parser.add_argument(flag, type=kind, default=default, help=f.metadata["help"])
+        return parser
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":
@@ -374,3 +376,8 @@ def _verify_generation_config(model_config: ModelConfig) -> None:
             "keeps vLLM's defaults).",
             defaults,
         )
+
+
+@dataclasses.dataclass
+class AsyncEngineArgs(EngineArgs):
+    """The arguments of `AsyncLLM` (vLLM's name); the same fields as `EngineArgs`."""

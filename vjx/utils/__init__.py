@@ -1,0 +1,1 @@
+"""vLLM's `vllm.utils` paths that user scripts import."""
