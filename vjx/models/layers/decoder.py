@@ -129,9 +129,10 @@ class BuildContext:
 class DecoderForCausalLM(nnx.Module):
     """The runner's model: `__call__` gives final hidden states, `compute_logits` the logits.
 
-    A family subclasses it and overrides the builder hooks: `make_layer` (required), and
-    `make_norm`, `embed_scale`, `logits_args` and `text_config` where it differs from the
-    defaults. Each attention layer sits at `model.layers.{i}.self_attn`. `backend` is kept as
+    A family subclasses it and defines `make_layer(ctx, layer_idx)`, which returns decoder
+    layer `layer_idx` (`(x, positions, kv_cache, md) -> (x, kv_cache)`, its attention at
+    `.self_attn`), and overrides `make_norm`, `embed_scale` and `make_logits_args` where it
+    differs from the defaults. Each attention layer sits at `model.layers.{i}.self_attn`. `backend` is kept as
     a static field of the graph definition, so it must be hashable (a frozen dataclass); the
     KV caches are arguments and return values, never module state.
     """
@@ -149,7 +150,8 @@ class DecoderForCausalLM(nnx.Module):
         rngs: nnx.Rngs,
         max_model_len: int | None = None,
     ):
-        text_config = self.text_config(hf_config)
+        # The language model's config: `hf_config` itself, unless multimodal (Gemma 3).
+        text_config = hf_config.get_text_config()
         args = DecoderArgs.from_hf_config(text_config)
         dtype = jnp.dtype(dtype)
         ctx = BuildContext(text_config, args, dtype, backend, rngs, max_model_len)
@@ -171,16 +173,6 @@ class DecoderForCausalLM(nnx.Module):
             )
         )
         self.logits_args = self.make_logits_args(ctx)
-
-    @staticmethod
-    def text_config(hf_config: Any) -> Any:
-        """The language model's config within `hf_config` (itself, unless multimodal)."""
-        return hf_config.get_text_config()
-
-    def make_layer(self, ctx: BuildContext, layer_idx: int) -> nnx.Module:
-        """Decoder layer `layer_idx`: `(x, positions, kv_cache, md) -> (x, kv_cache)`, with its
-        attention at `.self_attn`."""
-        raise NotImplementedError
 
     def make_norm(self, ctx: BuildContext, num_features: int) -> nnx.Module:
         """The family's RMSNorm over `num_features` (the final norm uses it too)."""
