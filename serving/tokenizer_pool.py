@@ -8,12 +8,15 @@ backend's batch calls release the GIL for the whole tokenization and give the sa
 What the backend cannot do without the GIL is hand the ids over: `Encoding.ids` builds
 every Python int in one call (~30 ns a token, 0.1 s for 15 MB of English). So a huge text
 is tokenized by the same backend in a child process (`python -m serving.tokenizer_pool`),
-whose ids come back as bytes that become ints a slice at a time. Small inputs run inline:
-a millisecond of work is cheaper than a thread hop, and they never queue behind a huge one.
+whose ids come back as bytes that become ints a slice at a time; the child runs at a lower
+CPU priority, so on a machine of few cores the server's own threads keep theirs. Small
+inputs run inline: a millisecond of work is cheaper than a thread hop, and they never queue
+behind a huge one.
 """
 
 import array
 import asyncio
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -27,6 +30,8 @@ CHILD_MIN_CHARS = 1 << 20
 """Texts from this long are tokenized in a child process (~250k tokens: ~10 ms of ints)."""
 SLICE_LEN = 65536
 """Token ids turned into Python ints per call (~2 ms)."""
+CHILD_NICENESS = 10
+"""How much the tokenizer process lowers its CPU priority (`os.nice`)."""
 _ID_TYPECODE = "I"
 """uint32: how the child writes the ids."""
 
@@ -99,6 +104,7 @@ def _child_main(backend_json_len: int, add_special_tokens: bool, encode_special_
     the text's ids as uint32s."""
     from tokenizers import Tokenizer
 
+    os.nice(CHILD_NICENESS)
     data = sys.stdin.buffer.read()
     backend = Tokenizer.from_str(data[:backend_json_len].decode())
     backend.encode_special_tokens = encode_special_tokens
