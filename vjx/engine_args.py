@@ -123,7 +123,7 @@ class EngineArgs(VllmCompatArgs):
     )
     seed: int = _field(0, "Seed for dummy weights and for requests without a seed of their own.")
     max_model_len: int | None = _field(None, "Most tokens per request; the model's context length when None.")
-    block_size: int = _field(16, f"Tokens per KV cache block, one of {_BLOCK_SIZES} (None: 16).")
+    block_size: int | None = _field(16, f"Tokens per KV cache block, one of {_BLOCK_SIZES} (None: 16).")
     gpu_memory_utilization: float = _field(0.9, "Fraction of device memory for weights and KV cache, in (0, 1].")
     num_gpu_blocks_override: int | None = _field(None, "Number of KV blocks, instead of sizing from free memory.")
     kv_cache_memory_bytes: int | None = _field(
@@ -132,11 +132,11 @@ class EngineArgs(VllmCompatArgs):
         "(on CPU: what max_num_seqs requests of max_model_len need, at most "
         "4 GiB).",
     )
-    max_num_seqs: int = _field(256, "Most requests in one step (None: 256).")
+    max_num_seqs: int | None = _field(256, "Most requests in one step (None: 256).")
     max_num_batched_tokens: int | None = _field(None, "Token budget of one step; 8192 on accelerators, 512 on CPU.")
-    enable_prefix_caching: bool = _field(True, "Reuse KV blocks of shared prompt prefixes (None: on).")
+    enable_prefix_caching: bool | None = _field(True, "Reuse KV blocks of shared prompt prefixes (None: on).")
     prefix_caching_hash_algo: str = _field("sha256", f"Block hash of the prefix cache: one of {_HASH_ALGOS}.")
-    enable_chunked_prefill: bool = _field(True, "Split long prompts over several steps (None: on).")
+    enable_chunked_prefill: bool | None = _field(True, "Split long prompts over several steps (None: on).")
     long_prefill_token_threshold: int = _field(0, "Most prompt tokens a request computes per step; 0 = no cap.")
     scheduling_policy: str = _field("fcfs", f"One of {_POLICIES}: arrival order, or lower priority value first.")
     async_scheduling: bool | None = _field(
