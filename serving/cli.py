@@ -11,6 +11,7 @@ from serving.config_file import load_config_file
 from serving.server_args import ServerArgs
 from vjx import process_setup
 from vjx.engine_args import EngineArgs
+from vjx.utils.argparse_utils import FlexibleArgumentParser
 
 API_KEY_ENV = "VJX_API_KEY"
 
@@ -58,7 +59,9 @@ def _add_serve_parser(commands) -> argparse.ArgumentParser:
         "serve",
         help="Serve the OpenAI API (completions, chat, models, metrics) over HTTP.",
         description="Serve the OpenAI-compatible API. Flags may also come from a YAML --config file; "
-        "flags on the command line win.",
+        "flags on the command line win. Every flag of `vllm serve`'s engine is taken, under vLLM's "
+        "spellings (-tp 2, -O3, --max_model_len 2k, --compilation-config.mode 3); the ones vjx has "
+        "no use for say so in their help.",
     )
     serve.add_argument(
         "model_tag",
@@ -82,7 +85,7 @@ def _bench(argv: list[str]) -> int:
 
 def _make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     """The `vjx` parser, and its `serve` subparser (which a --config file fills in)."""
-    parser = argparse.ArgumentParser(prog="vjx", description="vLLM's v1 engine on JAX/XLA.")
+    parser = FlexibleArgumentParser(prog="vjx", description="vLLM's v1 engine on JAX/XLA.")
     commands = parser.add_subparsers(dest="command", required=True)
     generate = commands.add_parser("generate", help="Complete one prompt and print the text.")
     generate.add_argument("--prompt", required=True, help="The prompt text.")

@@ -1,12 +1,13 @@
 """EngineArgs: the user's engine arguments (vLLM's names and defaults) -> a frozen VjxConfig.
 
 The command-line flags are generated from the fields below; each field's `help` is its doc.
+Every other field of vLLM's EngineArgs is accepted too: `VllmCompatArgs` declares them, and
+vjx/engine/vllm_args.py says, field by field, what vjx does with each.
 """
 
 import argparse
 import dataclasses
 import importlib.util
-import json
 import logging
 import os
 import typing
@@ -16,10 +17,12 @@ import transformers
 
 from vjx.attention.backend import default_backend_name
 from vjx.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, VjxConfig
+from vjx.engine.vllm_args import FLAG_ALIASES, SERVER, VLLM_ARG_BY_NAME, VllmCompatArgs, verify_vllm_args
 from vjx.models import hub
 from vjx.models.registry import verify_tensor_parallel
 from vjx.sampling_params import SamplingParams
 from vjx.sharding.mesh import device_groups
+from vjx.utils.argparse_utils import flag_kwargs, json_object
 
 logger = logging.getLogger(__name__)
 
@@ -40,26 +43,37 @@ def _field(default, help: str):
     return dataclasses.field(default=default, metadata={"help": help})
 
 
+# vLLM leaves these None for "the platform's default"; vjx's defaults are the fields' own.
+_NONE_IS_DEFAULT = ("block_size", "max_num_seqs", "enable_prefix_caching", "enable_chunked_prefill")
+
+
 def _flag_type(field_type):
     """What a flag's value is parsed with: the type (of `T | None`, T's), JSON for dicts."""
     if typing.get_origin(field_type) is dict:
-        return _json_object
+        return json_object
     return ([a for a in typing.get_args(field_type) if a is not type(None)] or [field_type])[0]
 
 
-def _json_object(text: str) -> dict:
-    """A command-line JSON object (the type of dict fields' flags)."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r} ({e})") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
-    return value
+def _flag_kwargs(field: dataclasses.Field) -> dict:
+    """`add_argument` keywords of a field's flag: vLLM's value type for vLLM's fields."""
+    default = field.default_factory() if field.default is dataclasses.MISSING else field.default
+    if field.name in VLLM_ARG_BY_NAME:
+        kwargs = flag_kwargs(VLLM_ARG_BY_NAME[field.name].flag, default)
+    elif _flag_type(field.type) is bool:
+        kwargs = {"action": argparse.BooleanOptionalAction, "default": default}
+    else:
+        kwargs = {"type": _flag_type(field.type), "default": default}
+    return {**kwargs, "help": field.metadata["help"]}
+
+
+def _has_flag(field: dataclasses.Field) -> bool:
+    """vLLM's fields without a flag of vLLM's get none; SERVER ones are `vjx serve`'s own flags."""
+    arg = VLLM_ARG_BY_NAME.get(field.name)
+    return arg is None or (arg.flag is not None and arg.kind != SERVER)
 
 
 @dataclasses.dataclass
-class EngineArgs:
+class EngineArgs(VllmCompatArgs):
     model: str | None = _field(
         None,
         "Name or path of the Hugging Face model: a model directory, a Hub model id ('org/name', "
@@ -109,7 +123,7 @@ class EngineArgs:
     )
     seed: int = _field(0, "Seed for dummy weights and for requests without a seed of their own.")
     max_model_len: int | None = _field(None, "Most tokens per request; the model's context length when None.")
-    block_size: int = _field(16, f"Tokens per KV cache block, one of {_BLOCK_SIZES}.")
+    block_size: int | None = _field(16, f"Tokens per KV cache block, one of {_BLOCK_SIZES} (None: 16).")
     gpu_memory_utilization: float = _field(0.9, "Fraction of device memory for weights and KV cache, in (0, 1].")
     num_gpu_blocks_override: int | None = _field(None, "Number of KV blocks, instead of sizing from free memory.")
     kv_cache_memory_bytes: int | None = _field(
@@ -118,11 +132,11 @@ class EngineArgs:
         "(on CPU: what max_num_seqs requests of max_model_len need, at most "
         "4 GiB).",
     )
-    max_num_seqs: int = _field(256, "Most requests in one step.")
+    max_num_seqs: int | None = _field(256, "Most requests in one step (None: 256).")
     max_num_batched_tokens: int | None = _field(None, "Token budget of one step; 8192 on accelerators, 512 on CPU.")
-    enable_prefix_caching: bool = _field(True, "Reuse KV blocks of shared prompt prefixes.")
+    enable_prefix_caching: bool | None = _field(True, "Reuse KV blocks of shared prompt prefixes (None: on).")
     prefix_caching_hash_algo: str = _field("sha256", f"Block hash of the prefix cache: one of {_HASH_ALGOS}.")
-    enable_chunked_prefill: bool = _field(True, "Split long prompts over several steps.")
+    enable_chunked_prefill: bool | None = _field(True, "Split long prompts over several steps (None: on).")
     long_prefill_token_threshold: int = _field(0, "Most prompt tokens a request computes per step; 0 = no cap.")
     scheduling_policy: str = _field("fcfs", f"One of {_POLICIES}: arrival order, or lower priority value first.")
     async_scheduling: bool | None = _field(
@@ -155,24 +169,31 @@ class EngineArgs:
         "on by default on accelerators (when both are installed), off on CPU.",
     )
 
+    def __post_init__(self):
+        for name in _NONE_IS_DEFAULT:
+            if getattr(self, name) is None:
+                setattr(self, name, type(self).__dataclass_fields__[name].default)
+        verify_vllm_args(self)
+
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        """Adds a `--flag-name` per field to `parser` and returns it (vLLM's contract)."""
-        for f in dataclasses.fields(cls):
-            flag = "--" + f.name.replace("_", "-")
-            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-            kind = _flag_type(f.type)
-            if kind is bool:
-                parser.add_argument(
-                    flag, action=argparse.BooleanOptionalAction, default=default, help=f.metadata["help"]
-                )
-            else:
-                parser.add_argument(flag, type=kind, default=default, help=f.metadata["help"])
+        """Adds a `--flag-name` per field (and vLLM's short spellings, e.g. `-tp`) to `parser`
+        and returns it (vLLM's contract)."""
+        vllm_only = {f.name for f in dataclasses.fields(VllmCompatArgs)}
+        group = parser.add_argument_group(
+            "vLLM engine arguments vjx does not implement",
+            "Taken so that vLLM's command lines run: each says why it has no effect, or that only "
+            "vLLM's default is accepted.",
+        )
+        fields = sorted(dataclasses.fields(cls), key=lambda f: f.name in vllm_only)
+        for f in filter(_has_flag, fields):
+            flags = ["--" + f.name.replace("_", "-"), *FLAG_ALIASES.get(f.name, ())]
+            (group if f.name in vllm_only else parser).add_argument(*flags, **_flag_kwargs(f))
         return parser
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":
-        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if _has_flag(f)})
 
     def create_engine_config(self) -> VjxConfig:
         """The frozen config. Its platform queries start JAX's backends: entry points call
@@ -380,4 +401,5 @@ def _verify_generation_config(model_config: ModelConfig) -> None:
 
 @dataclasses.dataclass
 class AsyncEngineArgs(EngineArgs):
-    """The arguments of `AsyncLLM` (vLLM's name); the same fields as `EngineArgs`."""
+    """The arguments of `AsyncLLM` (vLLM's name); the same fields as `EngineArgs` (which takes
+    vLLM's AsyncEngineArgs-only `enable_log_requests` too)."""
