@@ -206,3 +206,84 @@ def test_reset_prefix_cache(llm):
     assert llm.reset_prefix_cache() is True
     block_pool = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.block_pool
     assert not block_pool.cached_block_hash_to_block
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+TOOL_TEMPLATE = (
+    "{% for tool in tools or [] %}TOOL {{ tool['function']['name'] }}\n{% endfor %}"
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if flavor %}FLAVOR {{ flavor }}\n{% endif %}{% if add_generation_prompt %}assistant:{% endif %}"
+)
+PARTS_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}:{% for p in m['content'] %}[{{ p['text'] }}]{% endfor %}{% endfor %}"
+)
+SHORT = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+
+
+def _chat_prompt(llm, messages, **kwargs) -> str:
+    output = llm.chat(messages, SHORT, use_tqdm=False, **kwargs)[0]
+    assert output.prompt_token_ids == llm.get_tokenizer().encode(output.prompt, add_special_tokens=False)
+    return output.prompt
+
+
+def test_chat_text_parts_render_as_joined_text(llm):
+    tokenizer = llm.get_tokenizer()
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}]}]
+    expected = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hello\nthere"}], add_generation_prompt=True, tokenize=False
+    )
+    assert _chat_prompt(llm, parts) == expected
+
+
+def test_chat_passes_tools_and_template_kwargs(llm):
+    messages = [{"role": "user", "content": "Weather?"}]
+    expected = llm.get_tokenizer().apply_chat_template(
+        messages, tools=TOOLS, chat_template=TOOL_TEMPLATE, add_generation_prompt=True, tokenize=False, flavor="x"
+    )
+    rendered = _chat_prompt(
+        llm, messages, chat_template=TOOL_TEMPLATE, tools=TOOLS, chat_template_kwargs={"flavor": "x"}
+    )
+    assert rendered == expected
+    assert rendered.startswith("TOOL get_weather\n") and "FLAVOR x" in rendered
+
+
+def test_chat_continue_final_message(llm):
+    messages = [{"role": "user", "content": "Count:"}, {"role": "assistant", "content": "1, 2,"}]
+    expected = llm.get_tokenizer().apply_chat_template(
+        messages, add_generation_prompt=False, continue_final_message=True, tokenize=False
+    )
+    assert _chat_prompt(llm, messages, add_generation_prompt=False, continue_final_message=True) == expected
+    assert expected.endswith("1, 2,")
+    with pytest.raises(ValueError, match="Cannot set both"):
+        llm.chat(messages, SHORT, use_tqdm=False, continue_final_message=True)
+
+
+def test_chat_openai_content_format(llm):
+    messages = [{"role": "user", "content": [{"type": "text", "text": "a"}, "b"]}]
+    assert _chat_prompt(llm, messages, chat_template=PARTS_TEMPLATE) == "user:[a][b]"
+    with pytest.raises(ValueError, match="chat_template_content_format"):
+        llm.chat(messages, SHORT, use_tqdm=False, chat_template_content_format="markdown")
+
+
+def test_chat_batch_of_conversations(llm):
+    conversations = [[{"role": "user", "content": "Hi"}], [{"role": "user", "content": "Bye"}]]
+    outputs = llm.chat(conversations, SHORT, use_tqdm=False, priority=[1, 0])
+    assert ["Hi" in outputs[0].prompt, "Bye" in outputs[1].prompt] == [True, True]
+
+
+@pytest.mark.parametrize(
+    ("messages", "match"),
+    [
+        ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "serves text models"),
+        ([{"content": "no role"}], "role"),
+        ("hello", "messages must be"),
+    ],
+)
+def test_bad_chat_messages_raise(llm, messages, match):
+    with pytest.raises(ValueError, match=match):
+        llm.chat(messages, SHORT, use_tqdm=False)
+
+
+def test_chat_refuses_lora(llm):
+    with pytest.raises(ValueError, match="lora_request is not supported by vjx"):
+        llm.chat([{"role": "user", "content": "Hi"}], SHORT, use_tqdm=False, lora_request=object())

@@ -16,14 +16,15 @@ CONTENT_FORMATS = ("auto", "string", "openai")
 TEXT_PART_TYPES = ("text", "input_text", "output_text", "refusal")
 """Content parts whose text goes to the template (vLLM's text part types)."""
 _RESERVED_KWARGS = ("conversation", "chat_template", "tools", "tokenize", "return_dict")
-_CONTENT_LOOP = re.compile(r"for\s+\w+\s+in\s+\w+\s*(\[\s*['\"]content['\"]\s*\]|\.content)\b")
+_CONTENT_LOOP = re.compile(r"for\s+\w+\s+in\s+\w+\s*(\[\s*['\"]content['\"]\s*\]|\.content\b)")
 
 
 def to_conversations(messages) -> list[list[dict]]:
     """One conversation (a list of message dicts) or a list of them, as a list of them."""
     if isinstance(messages, Sequence) and messages and isinstance(messages[0], dict):
         return [list(messages)]
-    if not isinstance(messages, Sequence) or not messages or not all(isinstance(c, Sequence) for c in messages):
+    is_list = isinstance(messages, Sequence) and not isinstance(messages, str)
+    if not is_list or not messages or not all(isinstance(c, list | tuple) for c in messages):
         raise ValueError(f"messages must be a list of message dicts or a list of such lists, got {messages!r}.")
     return [list(conversation) for conversation in messages]
 
