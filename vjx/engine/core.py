@@ -31,6 +31,9 @@ WAKE_UP_TAGS = ("weights", "kv_cache", "scheduling")
 class EngineCore:
     """Owns the scheduler and the executor; knows nothing of text or HTTP."""
 
+    is_paused: bool = False
+    """Asleep at any level (set by `sleep`): requests added meanwhile wait, none is scheduled."""
+
     def __init__(self, config: VjxConfig, executor_class: type[Executor] = UniProcExecutor):
         # Engines dropped since an earlier one started must free their memory before this
         # one measures what is free; the persistent compilation cache is on for every engine.
@@ -53,8 +56,6 @@ class EngineCore:
         self.batch_queue: collections.deque[tuple[SchedulerOutput, AsyncModelRunnerOutput]] = collections.deque()
         self.step_fn = self.step_with_batch_queue if is_async else self.step
         self.profiler = StepProfiler() if config.profile_host else NullStepProfiler()
-        self.is_paused = False
-        """Asleep at any level: requests added meanwhile wait, none is scheduled."""
         # As vLLM's worker: last in start-up, so loading and compiling draw nothing after it.
         process_setup.set_random_seed(config.model_config.seed, config.parallel_config.data_parallel_rank)
         # Full collections skip the start-up heap while this engine lives.
