@@ -2,10 +2,12 @@
 
 import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from tqdm.auto import tqdm
 
+from vjx import chat_utils
 from vjx.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from vjx.engine.llm_engine import LLMEngine
 from vjx.engine_args import EngineArgs
@@ -71,20 +73,39 @@ class LLM:
         self,
         prompts,
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
         use_tqdm: bool = True,
+        lora_request=None,
+        priority: int | Sequence[int] | None = None,
+        tokenization_kwargs: dict[str, Any] | None = None,
+        mm_processor_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """Completes each prompt; outputs come back in the order of `prompts`.
 
         A prompt is a string, `{"prompt": str}` or `{"prompt_token_ids": [int, ...]}`;
         `sampling_params=None` means `get_default_sampling_params()` for every prompt.
+        `priority` (one int, or one per prompt) orders requests under
+        `scheduling_policy="priority"` (lower first). vjx has no LoRA, no multimodal inputs and
+        no tokenizer overrides: `lora_request`, `mm_processor_kwargs` and
+        `tokenization_kwargs` must be None. Raises RuntimeError while the engine sleeps.
         """
+        _check_unsupported(lora_request=lora_request, tokenization_kwargs=tokenization_kwargs)
+        _check_unsupported(mm_processor_kwargs=mm_processor_kwargs)
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
+        return self._generate(list(prompts), sampling_params, priority, use_tqdm)
+
+    def _generate(
+        self, prompts: list, sampling_params, priority, use_tqdm: bool, prompt_texts: list | None = None
+    ) -> list[RequestOutput]:
+        if self.llm_engine.is_sleeping():
+            raise RuntimeError("The engine is asleep: call wake_up() before generating.")
         params = self._params_per_prompt(len(prompts), sampling_params)
+        priorities = _priority_per_prompt(len(prompts), priority)
         # Only the finished outputs are returned, as in vLLM: building the others would cost
         # per token (the caller's params are copied, not changed).
         params = [dataclasses.replace(sp, output_kind=RequestOutputKind.FINAL_ONLY) for sp in params]
-        request_ids = self._add_requests(prompts, params)
+        request_ids = self._add_requests(prompts, params, priorities, prompt_texts or [None] * len(prompts))
         return self._run_engine(request_ids, use_tqdm)
 
     def chat(
@@ -92,22 +113,42 @@ class LLM:
         messages,
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        lora_request=None,
+        priority: int | Sequence[int] | None = None,
         chat_template: str | None = None,
+        chat_template_content_format: str = "auto",
         add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        mm_processor_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
-        """Generates replies to one conversation (a list of messages) or a list of them."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        """Generates replies to one conversation (a list of messages) or a list of them.
+
+        Each conversation is rendered by the chat template (vjx/chat_utils.py) with `tools`
+        and `chat_template_kwargs`, then tokenized without special tokens; the outputs'
+        `prompt` is the rendered text.
+        """
+        _check_unsupported(lora_request=lora_request, mm_processor_kwargs=mm_processor_kwargs)
+        template_kwargs = {
+            "add_generation_prompt": add_generation_prompt,
+            "continue_final_message": continue_final_message,
+            **(chat_template_kwargs or {}),
+        }
         tokenizer = self.get_tokenizer()
-        prompts = []
-        for conversation in conversations:
-            text = tokenizer.apply_chat_template(
+        texts = [
+            chat_utils.render_chat(
+                tokenizer,
                 conversation,
                 chat_template=chat_template,
-                add_generation_prompt=add_generation_prompt,
-                tokenize=False,
+                content_format=chat_template_content_format,
+                tools=tools,
+                chat_template_kwargs=template_kwargs,
             )
-            prompts.append({"prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)})
-        return self.generate(prompts, sampling_params, use_tqdm)
+            for conversation in chat_utils.to_conversations(messages)
+        ]
+        prompts = [{"prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)} for text in texts]
+        return self._generate(prompts, sampling_params, priority, use_tqdm, texts)
 
     def beam_search(self, prompts, params: BeamSearchParams) -> list[BeamSearchOutput]:
         """Beam search over each prompt (vLLM's `LLM.beam_search`); outputs in prompt order.
@@ -127,6 +168,63 @@ class LLM:
         )
         return search.run(list(prompts), params)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forgets every cached prefix block; False (nothing changed) while requests hold blocks."""
+        return self.llm_engine.reset_prefix_cache()
+
+    def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        """vLLM's sleep: level 0 pauses scheduling; levels 1 and 2 also reset the prefix cache,
+        free the KV cache's device buffers and move the weights to host memory (vLLM's level 2
+        discards the weights; vjx keeps the host copy, so the same tokens come after
+        `wake_up` at either level). `mode="abort"` aborts unfinished requests; "keep" (level 0
+        only) keeps them waiting."""
+        self.llm_engine.sleep(level, mode)
+
+    def wake_up(self, tags: list[str] | None = None) -> bool:
+        """Puts back the memory `tags` name ("weights", "kv_cache"; "scheduling" for level 0),
+        all of it for None; returns whether the engine is fully awake."""
+        return self.llm_engine.wake_up(tags)
+
+    def is_sleeping(self) -> bool:
+        return self.llm_engine.is_sleeping()
+
+    def start_profile(
+        self,
+        profile_prefix: str | None = None,
+        *,
+        profile_dir: str | None = None,
+        delay_iterations: int | None = None,
+        max_iterations: int | None = None,
+    ) -> None:
+        """Starts a JAX profiler trace (`jax.profiler.start_trace`) in the process that runs
+        the model, written to `profile_dir` or $VLLM_TORCH_PROFILER_DIR (a `profile_prefix`
+        folder under it when given) at `stop_profile`. vjx has no iteration bounds: the two
+        last arguments must be None."""
+        self.llm_engine.start_profile(
+            profile_prefix, profile_dir=profile_dir, delay_iterations=delay_iterations, max_iterations=max_iterations
+        )
+
+    def stop_profile(self) -> None:
+        self.llm_engine.stop_profile()
+
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        timeout: float | None = None,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        """Runs a worker method by name, or `method(worker, *args, **kwargs)`, on every worker
+        (one per data-parallel replica); returns their results in a list. With the engine in
+        its own process (`multiprocess`) the call and results are pickled: cloudpickle when
+        installed, else pickle (then `method` must be a module-level function). `timeout`
+        (seconds; TimeoutError) applies with the engine in its own process."""
+        return self.llm_engine.collective_rpc(method, timeout, args, kwargs)
+
+    def apply_model(self, func: Callable[[Any], Any]) -> list[Any]:
+        """`func(model)` on each worker's Flax NNX model; keep what it returns small (host data)."""
+        return self.llm_engine.apply_model(func)
+
     def _params_per_prompt(self, num_prompts: int, sampling_params) -> list[SamplingParams]:
         if sampling_params is None:
             return [self.get_default_sampling_params()] * num_prompts
@@ -139,13 +237,15 @@ class LLM:
             )
         return list(sampling_params)
 
-    def _add_requests(self, prompts, params: list[SamplingParams]) -> list[str]:
+    def _add_requests(
+        self, prompts, params: list[SamplingParams], priorities: list[int], prompt_texts: list[str | None]
+    ) -> list[str]:
         """Adds every request, or none: a bad prompt aborts the ones already added."""
         request_ids = []
         try:
-            for prompt, sp in zip(prompts, params):
+            for prompt, sp, priority, text in zip(prompts, params, priorities, prompt_texts):
                 request_id = str(next(self.request_counter))
-                self.llm_engine.add_request(request_id, prompt, sp)
+                self.llm_engine.add_request(request_id, prompt, sp, priority, prompt_text=text)
                 request_ids.append(request_id)
         except Exception:
             self.llm_engine.abort_request(request_ids)
@@ -167,3 +267,21 @@ class LLM:
                     elapsed = progress.format_dict["elapsed"] or 1e-9
                     progress.set_postfix_str(f"output: {num_output_tokens / elapsed:.1f} toks/s")
         return [finished[request_id] for request_id in request_ids]
+
+
+def _check_unsupported(**arguments) -> None:
+    for name, value in arguments.items():
+        if value is not None and value != {}:
+            what = "vjx serves text models" if name == "mm_processor_kwargs" else "vjx has no such feature"
+            raise ValueError(f"{name} is not supported by vjx ({what}); pass None, got {value!r}.")
+
+
+def _priority_per_prompt(num_prompts: int, priority) -> list[int]:
+    """vLLM's rule: None is 0 for every prompt, an int applies to all, a list pairs up."""
+    if priority is None:
+        return [0] * num_prompts
+    if isinstance(priority, Sequence) and not isinstance(priority, str):
+        if len(priority) != num_prompts:
+            raise ValueError(f"The lengths of prompts ({num_prompts}) and priority ({len(priority)}) must be the same.")
+        return list(priority)
+    return [priority] * num_prompts

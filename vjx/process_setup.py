@@ -1,10 +1,13 @@
 """Process-wide state the engine depends on, owned here and nowhere else.
 
-Three things belong to the whole process, not to one engine object:
+Four things belong to the whole process, not to one engine object:
 - the environment JAX's backends read once, when they start (`XLA_PYTHON_CLIENT_PREALLOCATE`,
   `XLA_FLAGS`);
 - `jax.config`: the persistent compilation cache, and which GPUs an engine process sees;
-- the garbage collector's frozen generation, shared by every engine in the process.
+- the garbage collector's frozen generation, shared by every engine in the process;
+- the global random generators of Python and NumPy, seeded from `EngineArgs.seed` at the end
+  of `EngineCore`'s start-up, in the process that runs the model (`set_random_seed`), as
+  vLLM's worker does.
 
 Entry points call `setup_process()` before anything starts JAX's backends: `LLMEngine` (so
 `LLM`), `AsyncLLM`, the `vjx` command and, through `setup_engine_process`, the engine
@@ -19,10 +22,12 @@ import ctypes.util
 import gc
 import os
 import pathlib
+import random
 import threading
 import weakref
 
 import jax
+import numpy as np
 
 _LIBC_NAME = ctypes.util.find_library("c")
 _LIBC = ctypes.CDLL(_LIBC_NAME) if _LIBC_NAME else None
@@ -45,6 +50,18 @@ def setup_process() -> None:
     """
     os.environ.setdefault(_PREALLOCATE_ENV, "false")
     enable_compilation_cache()
+
+
+def set_random_seed(seed: int | None, data_parallel_rank: int = 0) -> None:
+    """Seeds Python's `random` and NumPy's global generator (`np.random.seed`) in this process,
+    as vLLM does at worker start. Data-parallel replicas after the first mix their rank into
+    the seed, so they do not sample unseeded requests alike."""
+    if seed is None:
+        return
+    if data_parallel_rank:
+        seed = int(np.random.SeedSequence((seed, data_parallel_rank)).generate_state(1)[0])
+    random.seed(seed)
+    np.random.seed(seed)
 
 
 def enable_compilation_cache() -> None:

@@ -16,7 +16,7 @@ from vjx import process_setup
 from vjx.core.sched.stats import SchedulerStats
 from vjx.engine.core_client import START_TIMEOUT_S, AsyncMPClient
 from vjx.engine.exceptions import EngineDeadError, EngineRequestError
-from vjx.engine.llm_engine import register_request
+from vjx.engine.llm_engine import register_request, resolve_trace_dir
 from vjx.engine.messages import EngineCoreOutput, EngineCoreRequest
 from vjx.engine.processors import make_processors
 from vjx.engine_args import EngineArgs
@@ -193,6 +193,33 @@ class AsyncLLM:
 
     async def reset_prefix_cache(self) -> bool:
         return await self.engine_core.reset_prefix_cache_async()
+
+    async def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        """`LLM.sleep`'s levels and modes; with "abort" the unfinished requests' streams end.
+        Requests added while asleep wait for `wake_up`, as in vLLM."""
+        if mode == "abort":
+            self._abort(list(self.request_queues))
+        await self.engine_core.sleep_async(level, mode)
+
+    async def wake_up(self, tags: list[str] | None = None) -> bool:
+        return await self.engine_core.wake_up_async(tags)
+
+    async def is_sleeping(self) -> bool:
+        return await self.engine_core.is_sleeping_async()
+
+    async def start_profile(
+        self, profile_prefix: str | None = None, *, profile_dir: str | None = None, **bounds
+    ) -> None:
+        """`LLM.start_profile`: a JAX trace of the engine process into `profile_dir` or
+        $VLLM_TORCH_PROFILER_DIR."""
+        await self.engine_core.profile_async(True, resolve_trace_dir(profile_prefix, profile_dir, **bounds))
+
+    async def stop_profile(self) -> None:
+        await self.engine_core.profile_async(False)
+
+    async def collective_rpc(self, method, timeout: float | None = None, args: tuple = (), kwargs: dict | None = None):
+        """`LLM.collective_rpc` (the call is pickled to the engine process)."""
+        return await self.engine_core.collective_rpc_async(method, timeout, args, kwargs)
 
     def shutdown(self) -> None:
         """Stops the output task and the engine process; safe to call more than once."""

@@ -3,6 +3,8 @@
 import collections
 import logging
 import time
+from collections.abc import Callable
+from typing import Any
 
 from vjx import process_setup
 from vjx.config import VjxConfig
@@ -21,10 +23,16 @@ logger = logging.getLogger(__name__)
 
 # Steps in flight with async scheduling: the one the device runs and the one planned next.
 _BATCH_QUEUE_SIZE = 2
+SLEEP_LEVELS = (0, 1, 2)
+PAUSE_MODES = ("abort", "keep")
+WAKE_UP_TAGS = ("weights", "kv_cache", "scheduling")
 
 
 class EngineCore:
     """Owns the scheduler and the executor; knows nothing of text or HTTP."""
+
+    is_paused: bool = False
+    """Asleep at any level (set by `sleep`): requests added meanwhile wait, none is scheduled."""
 
     def __init__(self, config: VjxConfig, executor_class: type[Executor] = UniProcExecutor):
         # Engines dropped since an earlier one started must free their memory before this
@@ -48,6 +56,8 @@ class EngineCore:
         self.batch_queue: collections.deque[tuple[SchedulerOutput, AsyncModelRunnerOutput]] = collections.deque()
         self.step_fn = self.step_with_batch_queue if is_async else self.step
         self.profiler = StepProfiler() if config.profile_host else NullStepProfiler()
+        # As vLLM's worker: last in start-up, so loading and compiling draw nothing after it.
+        process_setup.set_random_seed(config.model_config.seed, config.parallel_config.data_parallel_rank)
         # Full collections skip the start-up heap while this engine lives.
         process_setup.engine_started(self)
 
@@ -66,11 +76,68 @@ class EngineCore:
         return self._has_requests() or bool(self.batch_queue)
 
     def _has_requests(self) -> bool:
+        if self.is_paused:
+            return False
         return self.scheduler.has_unfinished_requests() or self.scheduler.has_finished_requests()
 
     def reset_prefix_cache(self) -> bool:
         """Forgets every cached prefix block; False (nothing changed) while requests hold blocks."""
         return self.scheduler.reset_prefix_cache()
+
+    def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        """vLLM's sleep levels: 0 pauses scheduling; 1 and 2 also reset the prefix cache, free
+        the KV cache and move the weights to host memory (`Worker.sleep`). `mode="abort"`
+        aborts every request first; "keep" (level 0 only) keeps them queued."""
+        if level not in SLEEP_LEVELS:
+            raise ValueError(f"level must be one of {SLEEP_LEVELS}, got {level!r}.")
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"mode must be one of {PAUSE_MODES} (vjx has no 'wait'), got {mode!r}.")
+        if mode == "keep" and level > 0:
+            raise ValueError(f"mode='keep' keeps requests only at level 0, got level {level}.")
+        if mode == "abort":
+            self._abort_all()
+        self.is_paused = True
+        if level == 0:
+            return
+        if not self.reset_prefix_cache():
+            raise RuntimeError("sleep could not reset the prefix cache: requests still hold blocks.")
+        self.model_executor.sleep(level)
+
+    def _abort_all(self) -> None:
+        """Finishes the steps in flight (their outputs are dropped) and aborts every request."""
+        while self.batch_queue:
+            scheduler_output, future = self.batch_queue.popleft()
+            self._update(scheduler_output, self._collect(future))
+        self.abort_requests(list(self.scheduler.requests))
+
+    def wake_up(self, tags: list[str] | None = None) -> bool:
+        """Puts back what `tags` name (None: everything); scheduling resumes once the weights
+        and the KV cache are both back. Returns whether the engine is fully awake."""
+        if tags is not None and any(tag not in WAKE_UP_TAGS for tag in tags):
+            raise ValueError(f"tags must be a list of {WAKE_UP_TAGS} or None, got {tags!r}.")
+        memory_tags = None if tags is None else [tag for tag in tags if tag != "scheduling"]
+        if memory_tags is None or memory_tags:
+            self.model_executor.wake_up(memory_tags)
+        is_awake = not self.model_executor.is_sleeping
+        if is_awake:
+            self.is_paused = False
+        return is_awake
+
+    def is_sleeping(self) -> bool:
+        return self.is_paused or self.model_executor.is_sleeping
+
+    def profile(self, is_start: bool = True, trace_dir: str | None = None) -> None:
+        """Starts (into `trace_dir`) or stops the JAX profiler trace of the worker process."""
+        self.model_executor.profile(is_start, trace_dir)
+
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        timeout: float | None = None,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        return self.model_executor.collective_rpc(method, timeout, args, kwargs)
 
     def shutdown(self) -> None:
         """Hands the start-up heap back to the collector unless other engines live; idempotent."""

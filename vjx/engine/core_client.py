@@ -16,6 +16,9 @@ import collections
 import dataclasses
 import itertools
 import logging
+import time
+from collections.abc import Callable
+from typing import Any
 
 from vjx.config import VjxConfig
 from vjx.core.sched.stats import SchedulerStats
@@ -40,7 +43,13 @@ def merge_stats(stats: list[SchedulerStats]) -> SchedulerStats:
     return SchedulerStats(**total)
 
 
-_COMBINE_RESULTS = {"get_stats": merge_stats, "reset_prefix_cache": all}
+_COMBINE_RESULTS = {
+    "get_stats": merge_stats,
+    "reset_prefix_cache": all,
+    "wake_up": all,
+    "is_sleeping": any,
+    "collective_rpc": lambda results: [result for replica in results for result in replica],
+}
 """How the replicas' results of a utility become one; other utilities give replica 0's."""
 
 
@@ -107,6 +116,30 @@ class InprocClient:
         """Resets every replica's cache (none is skipped when one fails); True if all did."""
         is_reset = [core.reset_prefix_cache() for core in self.engine_cores]
         return all(is_reset)
+
+    def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        for core in self.engine_cores:
+            core.sleep(level, mode)
+
+    def wake_up(self, tags: list[str] | None = None) -> bool:
+        return all([core.wake_up(tags) for core in self.engine_cores])
+
+    def is_sleeping(self) -> bool:
+        return any(core.is_sleeping() for core in self.engine_cores)
+
+    def profile(self, is_start: bool = True, trace_dir: str | None = None) -> None:
+        """One trace covers this process, so every replica in it: replica 0 runs it."""
+        self.engine_core.profile(is_start, trace_dir)
+
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        timeout: float | None = None,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        """Every replica's workers' results, replica by replica."""
+        return [r for core in self.engine_cores for r in core.collective_rpc(method, timeout, args, kwargs)]
 
     def get_output(self) -> EngineCoreOutputs:
         outputs = EngineCoreOutputs()
@@ -228,18 +261,25 @@ class MPClient:
         for rank, ids in self.balancer.release(request_ids).items():
             self._send(self._serial.ABORT, ids, rank)
 
-    def _send_utility(self, method: str) -> list[int]:
-        """Calls `method` on every replica; returns the call ids, in replica order."""
+    def _send_utility(self, method: str, args: tuple = ()) -> list[int]:
+        """Calls `method(*args)` on every replica; returns the call ids, in replica order."""
         call_ids = []
         for rank in range(len(self.engines)):
             call_ids.append(next(self._call_ids))
-            self._send(self._serial.UTILITY, self._serial.UtilityCall(call_ids[-1], method), rank)
+            self._send(self._serial.UTILITY, self._serial.UtilityCall(call_ids[-1], method, list(args)), rank)
         return call_ids
 
     def _decode_result(self, method: str, result):
+        """The result's value; a ValueError in the engine (a bad argument) is raised as one."""
         if result.failure is not None:
-            raise RuntimeError(f"{method} failed in the engine: {result.failure}")
-        return self._serial.decode_result(method, result.result)
+            error_class = ValueError if result.failure.startswith("ValueError: ") else RuntimeError
+            raise error_class(f"{method} failed in the engine: {result.failure}")
+        value = self._serial.decode_result(method, result.result)
+        return self._serial.loads_rpc(value) if method == "collective_rpc" else value
+
+    def _rpc_args(self, method, args: tuple, kwargs: dict | None) -> tuple:
+        """`collective_rpc`'s one utility argument: the pickle of the call."""
+        return (self._serial.dumps_rpc((method, tuple(args), kwargs or {})),)
 
     def _note_outputs(self, outputs: EngineCoreOutputs) -> None:
         self.balancer.note_outputs(outputs)
@@ -267,11 +307,14 @@ class SyncMPClient(MPClient):
         self._outputs: collections.deque[EngineCoreOutputs] = collections.deque()
         self._results: dict[int, object] = {}
 
-    def _receive(self) -> None:
-        """Reads one message: outputs are queued, results kept, errors raised."""
+    def _receive(self, deadline: float | None = None) -> None:
+        """Reads one message: outputs are queued, results kept, errors raised; TimeoutError
+        once `deadline` (a `time.monotonic()` value) passes."""
         self._check_dead_flag()
         while not self.output_socket.poll(_POLL_MS):
             self._check_engine()
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError("the engine did not answer in time.")
         message = self._decode_output(self.output_socket.recv_multipart())
         if message is None:
             return
@@ -296,11 +339,12 @@ class SyncMPClient(MPClient):
             self._receive()
         return self._outputs.popleft()
 
-    def call_utility(self, method: str):
-        """`method`'s result, combined over the replicas."""
-        call_ids = self._send_utility(method)
+    def call_utility(self, method: str, *args, timeout: float | None = None):
+        """`method(*args)`'s result, combined over the replicas; TimeoutError after `timeout` s."""
+        call_ids = self._send_utility(method, args)
+        deadline = None if timeout is None else time.monotonic() + timeout
         while any(call_id not in self._results for call_id in call_ids):
-            self._receive()
+            self._receive(deadline)
         results = [self._results.pop(call_id) for call_id in call_ids]
         return combine_results(method, [self._decode_result(method, result) for result in results])
 
@@ -309,6 +353,21 @@ class SyncMPClient(MPClient):
 
     def reset_prefix_cache(self) -> bool:
         return self.call_utility("reset_prefix_cache")
+
+    def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        self.call_utility("sleep", level, mode)
+
+    def wake_up(self, tags: list[str] | None = None) -> bool:
+        return self.call_utility("wake_up", tags)
+
+    def is_sleeping(self) -> bool:
+        return self.call_utility("is_sleeping")
+
+    def profile(self, is_start: bool = True, trace_dir: str | None = None) -> None:
+        self.call_utility("profile", is_start, trace_dir)
+
+    def collective_rpc(self, method, timeout: float | None = None, args: tuple = (), kwargs: dict | None = None):
+        return self.call_utility("collective_rpc", *self._rpc_args(method, args, kwargs), timeout=timeout)
 
 
 class AsyncMPClient(MPClient):
@@ -378,15 +437,15 @@ class AsyncMPClient(MPClient):
             raise item
         return item
 
-    async def call_utility_async(self, method: str):
-        """`method`'s result, combined over the replicas."""
+    async def call_utility_async(self, method: str, *args, timeout: float | None = None):
+        """`method(*args)`'s result, combined over the replicas; TimeoutError after `timeout` s."""
         self._ensure_reader()
         loop = asyncio.get_running_loop()
         futures = []
-        for call_id in self._send_utility(method):
+        for call_id in self._send_utility(method, args):
             futures.append(loop.create_future())
             self._results[call_id] = futures[-1]
-        results = await asyncio.gather(*futures)
+        results = await asyncio.wait_for(asyncio.gather(*futures), timeout)
         return combine_results(method, [self._decode_result(method, result) for result in results])
 
     async def get_stats_async(self) -> SchedulerStats:
@@ -394,6 +453,23 @@ class AsyncMPClient(MPClient):
 
     async def reset_prefix_cache_async(self) -> bool:
         return await self.call_utility_async("reset_prefix_cache")
+
+    async def sleep_async(self, level: int = 1, mode: str = "abort") -> None:
+        await self.call_utility_async("sleep", level, mode)
+
+    async def wake_up_async(self, tags: list[str] | None = None) -> bool:
+        return await self.call_utility_async("wake_up", tags)
+
+    async def is_sleeping_async(self) -> bool:
+        return await self.call_utility_async("is_sleeping")
+
+    async def profile_async(self, is_start: bool = True, trace_dir: str | None = None) -> None:
+        await self.call_utility_async("profile", is_start, trace_dir)
+
+    async def collective_rpc_async(
+        self, method, timeout: float | None = None, args: tuple = (), kwargs: dict | None = None
+    ):
+        return await self.call_utility_async("collective_rpc", *self._rpc_args(method, args, kwargs), timeout=timeout)
 
     def shutdown(self) -> None:
         if self._reader is not None:

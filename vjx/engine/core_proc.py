@@ -190,14 +190,28 @@ class EngineCoreProc:
             self._put_output(serial.UTILITY_RESULT, self._call_utility(payload))
 
     def _call_utility(self, call: serial.UtilityCall) -> serial.UtilityResult:
-        if call.method == "get_stats":
-            return serial.UtilityResult(call.call_id, result=serial.encode_result(self.engine_core.make_stats()))
-        if call.method == "reset_prefix_cache":
-            reset = self.engine_core.reset_prefix_cache()
-            return serial.UtilityResult(call.call_id, result=serial.encode_result(reset))
-        return serial.UtilityResult(
-            call.call_id, failure=f"method must be one of {sorted(serial.UTILITY_RESULT_TYPES)}, got {call.method!r}."
-        )
+        """Runs a utility; its error (a bad argument, a failing worker method) goes back to
+        the caller as the result's `failure`, and the engine keeps serving."""
+        if call.method not in serial.UTILITY_RESULT_TYPES:
+            return serial.UtilityResult(
+                call.call_id,
+                failure=f"method must be one of {sorted(serial.UTILITY_RESULT_TYPES)}, got {call.method!r}.",
+            )
+        try:
+            result = self._run_utility(call.method, call.args)
+        except Exception as e:
+            logger.exception("Utility %s failed in the engine process.", call.method)
+            return serial.UtilityResult(call.call_id, failure=f"{type(e).__name__}: {e}")
+        return serial.UtilityResult(call.call_id, result=serial.encode_result(result))
+
+    def _run_utility(self, method: str, args: list):
+        core = self.engine_core
+        if method == "get_stats":
+            return core.make_stats()
+        if method == "collective_rpc":
+            rpc_method, rpc_args, rpc_kwargs = serial.loads_rpc(args[0])
+            return serial.dumps_rpc(core.collective_rpc(rpc_method, None, rpc_args, rpc_kwargs))
+        return getattr(core, method)(*args)
 
 
 def _stop(process: multiprocessing.process.BaseProcess, socket_dir: str) -> None:

@@ -1,7 +1,11 @@
 """LLMEngine: the synchronous front end (tokenize, run EngineCore, detokenize)."""
 
 import logging
+import os
+import re
 import time
+from collections.abc import Callable
+from typing import Any
 
 from vjx import process_setup
 from vjx.engine.core_client import InprocClient, SyncMPClient
@@ -17,6 +21,30 @@ from vjx.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 _STATS_INTERVAL_S = 5.0
+PROFILER_DIR_ENV = "VLLM_TORCH_PROFILER_DIR"
+"""Where `start_profile` writes traces when not given `profile_dir` (vLLM's former torch
+profiler directory variable; vLLM 0.32 takes `--profiler-config.torch_profiler_dir`)."""
+_PROFILE_PREFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def resolve_trace_dir(profile_prefix: str | None, profile_dir: str | None, **iteration_bounds) -> str:
+    """The directory a profile's JAX trace goes to: `profile_dir`, else $VLLM_TORCH_PROFILER_DIR,
+    with a `profile_prefix` folder under it when given. The front end reads the variable; the
+    engine process only gets the path."""
+    if any(bound is not None for bound in iteration_bounds.values()):
+        raise ValueError(f"{', '.join(iteration_bounds)} are not supported by vjx: pass None.")
+    if profile_prefix is not None and (
+        not isinstance(profile_prefix, str) or not _PROFILE_PREFIX.fullmatch(profile_prefix)
+    ):
+        raise ValueError(
+            "profile_prefix must be 1-128 ASCII characters, start with a letter or number, and contain "
+            f"only letters, numbers, '.', '_', or '-'; got {profile_prefix!r}."
+        )
+    profile_dir = profile_dir or os.environ.get(PROFILER_DIR_ENV)
+    if not profile_dir:
+        raise RuntimeError(f"Profiling is not enabled: pass profile_dir or set {PROFILER_DIR_ENV}.")
+    profile_dir = os.path.abspath(os.path.expanduser(profile_dir))
+    return os.path.join(profile_dir, profile_prefix) if profile_prefix else profile_dir
 
 
 def register_request(
@@ -49,6 +77,7 @@ class LLMEngine:
         else:
             self.engine_core = InprocClient(self.config)
         self.log_stats = not engine_args.disable_log_stats
+        self.is_profiling = False
         self._last_stats_time = time.monotonic()
         # Full collections skip the start-up heap (tokenizer, engine client) while this lives.
         process_setup.engine_started(self)
@@ -60,9 +89,16 @@ class LLMEngine:
     def get_tokenizer(self):
         return self.tokenizer
 
-    def add_request(self, request_id: str, prompt, params: SamplingParams, priority: int = 0) -> None:
-        """Adds a request; one with `n > 1` runs as n child requests, seen as one."""
-        request, prompt_text = self.input_processor.process_inputs(request_id, prompt, params, priority=priority)
+    def add_request(
+        self, request_id: str, prompt, params: SamplingParams, priority: int = 0, prompt_text: str | None = None
+    ) -> None:
+        """Adds a request; one with `n > 1` runs as n child requests, seen as one.
+
+        `prompt_text` is what its outputs report as `prompt` when the prompt is given as
+        token ids (a rendered chat, say). A request added while the engine sleeps waits
+        for `wake_up`."""
+        request, text = self.input_processor.process_inputs(request_id, prompt, params, priority=priority)
+        prompt_text = text if prompt_text is None else prompt_text
         for engine_request in register_request(self.output_processor, request, prompt_text):
             self.engine_core.add_request(engine_request)
 
@@ -92,6 +128,51 @@ class LLMEngine:
 
     def reset_prefix_cache(self) -> bool:
         return self.engine_core.reset_prefix_cache()
+
+    def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        """See `EngineCore.sleep`; with `mode="abort"` the unfinished requests end here too."""
+        if mode == "abort":
+            processor = self.output_processor
+            self.abort_request([*processor.parent_requests, *processor.request_states])
+        self.engine_core.sleep(level, mode)
+
+    def wake_up(self, tags: list[str] | None = None) -> bool:
+        return self.engine_core.wake_up(tags)
+
+    def is_sleeping(self) -> bool:
+        return self.engine_core.is_sleeping()
+
+    def start_profile(self, profile_prefix: str | None = None, *, profile_dir: str | None = None, **bounds) -> None:
+        """Starts a JAX profiler trace in the process that runs the model (see
+        `resolve_trace_dir`); `bounds` are vLLM's delay_iterations and max_iterations."""
+        if self.is_profiling:
+            raise RuntimeError("A profile is already running: call stop_profile() first.")
+        self.engine_core.profile(True, resolve_trace_dir(profile_prefix, profile_dir, **bounds))
+        self.is_profiling = True
+
+    def stop_profile(self) -> None:
+        """Stops the trace and writes it; a warning when none runs."""
+        if not self.is_profiling:
+            logger.warning("The profiler was not started, nothing to stop.")
+            return
+        self.is_profiling = False
+        self.engine_core.profile(False)
+
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        timeout: float | None = None,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        """`Worker.<method>(*args, **kwargs)`, or `method(worker, *args, **kwargs)`, on every
+        worker (one per data-parallel replica); with the engine in its own process a callable
+        is pickled (cloudpickle when installed, else pickle: module-level functions only)."""
+        return self.engine_core.collective_rpc(method, timeout, args, kwargs)
+
+    def apply_model(self, func: Callable[[Any], Any]) -> list[Any]:
+        """`func(model)` on each worker's Flax NNX model."""
+        return self.collective_rpc("apply_model", args=(func,))
 
     def shutdown(self) -> None:
         """Stops the engine core (its process, if it runs one); safe to call more than once."""

@@ -1,4 +1,8 @@
-"""The wire format between the front end and the engine process: msgspec msgpack, no pickle.
+"""The wire format between the front end and the engine process: msgspec msgpack.
+
+Pickle is used for one thing only: `collective_rpc`, whose callable, arguments and results
+are arbitrary Python objects (cloudpickle when installed, so lambdas and closures go too).
+Only a holder of the engine's token can send a message that gets unpickled.
 
 A message is three ZeroMQ frames: the engine's token, a one-word kind, a msgpack payload.
 Any process of the same user can reach the sockets, so the token (a secret the parent makes
@@ -12,6 +16,7 @@ import dataclasses
 import hmac
 import logging
 import math
+import pickle
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -42,14 +47,26 @@ OUTPUT_KINDS = (OUTPUTS, UTILITY_RESULT, REQUEST_ERROR, DEAD)
 
 logger = logging.getLogger(__name__)
 
-UTILITY_RESULT_TYPES: dict[str, Any] = {"get_stats": SchedulerStats, "reset_prefix_cache": bool}
-"""The utilities the engine process serves, with the type of each one's result."""
+UTILITY_RESULT_TYPES: dict[str, Any] = {
+    "get_stats": SchedulerStats,
+    "reset_prefix_cache": bool,
+    "sleep": None,
+    "wake_up": bool,
+    "is_sleeping": bool,
+    "profile": None,
+    "collective_rpc": bytes,
+}
+"""The utilities the engine process serves, with the type of each one's result
+(`collective_rpc`'s is the pickle of its list of results)."""
 
 
 @dataclasses.dataclass
 class UtilityCall:
     call_id: int
     method: str
+    args: list[Any] = dataclasses.field(default_factory=list)
+    """The method's positional arguments (msgpack values; `collective_rpc` gets one: the
+    pickle of its method, args and kwargs)."""
 
 
 @dataclasses.dataclass
@@ -165,3 +182,25 @@ def encode_dataclass(value: Any) -> bytes:
 
 def decode_dataclass(data: bytes, kind: type) -> Any:
     return msgspec.msgpack.decode(data, type=kind)
+
+
+def _pickler():
+    try:
+        import cloudpickle
+    except ImportError:
+        return pickle
+    return cloudpickle
+
+
+def dumps_rpc(value: Any) -> bytes:
+    """Pickles `collective_rpc`'s call or results; ValueError for what cannot be pickled."""
+    pickler = _pickler()
+    try:
+        return pickler.dumps(value)
+    except (pickle.PicklingError, AttributeError, TypeError) as e:
+        hint = "" if pickler is not pickle else " (install cloudpickle to send lambdas and closures)"
+        raise ValueError(f"collective_rpc's method and arguments must be picklable{hint}: {e}") from e
+
+
+def loads_rpc(data: bytes) -> Any:
+    return pickle.loads(data)

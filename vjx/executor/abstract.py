@@ -1,6 +1,8 @@
 """The executor interface: how EngineCore reaches the workers that hold the model."""
 
 import abc
+from collections.abc import Callable
+from typing import Any
 
 from vjx.config import VjxConfig
 from vjx.core.sched.output import SchedulerOutput
@@ -25,3 +27,27 @@ class Executor(abc.ABC):
         self, scheduler_output: SchedulerOutput, non_block: bool = False
     ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
         """Runs one step; with `non_block` returns at dispatch, before the tokens are known."""
+
+    @abc.abstractmethod
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        timeout: float | None = None,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        """Calls a worker method by name, or `method(worker, *args, **kwargs)`, on every
+        worker; returns their results in worker order."""
+
+    @property
+    def is_sleeping(self) -> bool:
+        return any(self.collective_rpc(lambda worker: worker.is_sleeping))
+
+    def sleep(self, level: int = 1) -> None:
+        self.collective_rpc("sleep", args=(level,))
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.collective_rpc("wake_up", args=(tags,))
+
+    def profile(self, is_start: bool = True, trace_dir: str | None = None) -> None:
+        self.collective_rpc("profile", args=(is_start, trace_dir))

@@ -1,5 +1,8 @@
 """UniProcExecutor: one Python controller drives the whole local device set."""
 
+from collections.abc import Callable
+from typing import Any
+
 from vjx.config import VjxConfig
 from vjx.core.sched.output import SchedulerOutput
 from vjx.executor.abstract import Executor
@@ -24,3 +27,17 @@ class UniProcExecutor(Executor):
         self, scheduler_output: SchedulerOutput, non_block: bool = False
     ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
         return self.worker.execute_model(scheduler_output, non_block)
+
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        timeout: float | None = None,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        """The one worker's result, as a list; the call runs in this thread, so `timeout`
+        (kept for vLLM's signature) cannot interrupt it."""
+        kwargs = kwargs or {}
+        if isinstance(method, str):
+            return [getattr(self.worker, method)(*args, **kwargs)]
+        return [method(self.worker, *args, **kwargs)]

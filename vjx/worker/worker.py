@@ -7,10 +7,13 @@ heads, in the attention backend's own layout), and attention runs per device on 
 
 import logging
 import math
+import os
 import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from flax import nnx
 
 from vjx.attention.backend import get_attention_backend
 from vjx.attention.sharded import ShardedBackend
@@ -47,6 +50,9 @@ class Worker:
         self.kv_cache_groups = get_kv_cache_groups(self.kv_cache_specs)
         self.kv_cache_sharding = logical_sharding(self.mesh, self.backend.kv_cache_axes)
         self.model_runner: ModelRunner | None = None
+        self.kv_cache_config: KVCacheConfig | None = None
+        self.host_weights: list[np.ndarray] | None = None
+        """The weights while asleep at level 1 or 2 (their device arrays are deleted)."""
         self.executable_cache = ExecutableCache.in_compilation_cache_dir(config, self.mesh)
 
     @property
@@ -132,6 +138,7 @@ class Worker:
 
     def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
         num_blocks = kv_cache_config.num_blocks
+        self.kv_cache_config = kv_cache_config
         logger.info(
             "KV cache: %d blocks of %d tokens in %d group(s)",
             num_blocks,
@@ -157,3 +164,51 @@ class Worker:
         self, scheduler_output: SchedulerOutput, non_block: bool = False
     ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
         return self.model_runner.execute_model(scheduler_output, non_block)
+
+    @property
+    def is_sleeping(self) -> bool:
+        return self.host_weights is not None or self.model_runner.kv_caches is None
+
+    def sleep(self, level: int = 1) -> None:
+        """Frees the KV cache's device buffers and moves the weights to host memory (numpy),
+        deleting their device arrays. vLLM's level 2 discards the weights; vjx keeps the host
+        copy at both levels, so `wake_up` needs no reload."""
+        runner = self.model_runner
+        if runner.kv_caches is not None:
+            for kv_cache in runner.kv_caches:
+                kv_cache.delete()
+            runner.kv_caches = None
+        if self.host_weights is None:
+            self.weight_shardings = [leaf.sharding for leaf in runner.param_leaves]
+            self.host_weights = jax.device_get(runner.param_leaves)
+            for leaf in runner.param_leaves:
+                leaf.delete()
+        logger.info("asleep (level %d): KV cache freed, weights in host memory", level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Puts back what `sleep` took: "weights" (same shardings, so no step recompiles)
+        and "kv_cache" (a zeroed pool of the same size); None means both."""
+        tags = ("weights", "kv_cache") if tags is None else tags
+        runner = self.model_runner
+        if "weights" in tags and self.host_weights is not None:
+            leaves = [jax.device_put(w, s) for w, s in zip(self.host_weights, self.weight_shardings)]
+            runner.param_leaves = leaves
+            nnx.update(self.model, jax.tree.unflatten(runner.treedef, leaves))
+            self.host_weights = None
+        if "kv_cache" in tags and runner.kv_caches is None:
+            runner.kv_caches = list(self._allocate_kv_caches(self.kv_cache_config.num_blocks).values())
+
+    def profile(self, is_start: bool = True, trace_dir: str | None = None) -> None:
+        """Starts or stops a JAX profiler trace of this process, written under `trace_dir`
+        (a `dp<rank>` folder of it with several data-parallel replicas)."""
+        if not is_start:
+            jax.profiler.stop_trace()
+            return
+        parallel_config = self.config.parallel_config
+        if parallel_config.data_parallel_size > 1:
+            trace_dir = os.path.join(trace_dir, f"dp{parallel_config.data_parallel_rank}")
+        jax.profiler.start_trace(trace_dir)
+
+    def apply_model(self, func):
+        """`func(model)` on this worker's Flax NNX model."""
+        return func(self.model)

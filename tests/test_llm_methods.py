@@ -1,0 +1,289 @@
+"""vLLM's `LLM` utility methods on one engine: sleep / wake_up, profiling, collective_rpc,
+apply_model, reset_prefix_cache, priority, and the generate keywords vjx refuses.
+
+One engine (the large engine's shapes, so its steps come from the compilation cache) with
+priority scheduling; each test leaves it awake.
+"""
+
+import os
+import random
+
+import numpy as np
+import pytest
+
+from tests.helpers.large_engine import LARGE_ARGS, PROMPTS
+from tests.helpers.worker_rpc import model_class_name, worker_summary
+from vjx import LLM, SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+SEED = 1234
+
+
+@pytest.fixture(scope="module")
+def engine_and_draws():
+    random.seed(0)
+    np.random.seed(0)
+    engine = LLM(**LARGE_ARGS, scheduling_policy="priority", seed=SEED)
+    # The first draws of Python's and NumPy's generators after the engine started.
+    yield engine, (random.random(), np.random.random())
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def llm(engine_and_draws):
+    return engine_and_draws[0]
+
+
+@pytest.fixture(scope="module")
+def first_draws(engine_and_draws):
+    return engine_and_draws[1]
+
+
+@pytest.fixture(scope="module")
+def reference(llm):
+    return _tokens(llm)
+
+
+def _tokens(llm) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:4], GREEDY, use_tqdm=False)]
+
+
+def _worker(llm):
+    return llm.llm_engine.engine_core.engine_core.model_executor.worker
+
+
+def test_seed_seeds_random_and_numpy_at_engine_start(first_draws):
+    random.seed(SEED)
+    np.random.seed(SEED)
+    assert first_draws == (random.random(), np.random.random())
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_sleep_frees_the_kv_pool_and_wake_up_gives_the_same_tokens(llm, reference, level):
+    worker = _worker(llm)
+    kv_caches = list(worker.model_runner.kv_caches)
+    weights = list(worker.model_runner.param_leaves)
+    llm.sleep(level=level)
+    assert llm.is_sleeping()
+    assert worker.model_runner.kv_caches is None
+    assert all(kv_cache.is_deleted() for kv_cache in kv_caches)
+    assert all(weight.is_deleted() for weight in weights)
+    assert all(isinstance(weight, np.ndarray) for weight in worker.host_weights)
+    with pytest.raises(RuntimeError, match="asleep"):
+        llm.generate(PROMPTS[0], GREEDY, use_tqdm=False)
+    assert llm.wake_up() is True
+    assert not llm.is_sleeping()
+    assert worker.host_weights is None
+    assert _tokens(llm) == reference
+
+
+def test_sleep_resets_the_prefix_cache(llm):
+    llm.generate(PROMPTS[5], GREEDY, use_tqdm=False)
+    block_pool = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.block_pool
+    assert block_pool.cached_block_hash_to_block
+    llm.sleep(level=1)
+    assert not block_pool.cached_block_hash_to_block
+    llm.wake_up()
+
+
+def test_wake_up_by_tags(llm, reference):
+    llm.sleep(level=1)
+    assert llm.wake_up(tags=["weights"]) is False
+    assert llm.is_sleeping()
+    assert llm.wake_up(tags=["kv_cache"]) is True
+    assert _tokens(llm) == reference
+
+
+def test_level_zero_pauses_scheduling_only(llm, reference):
+    worker = _worker(llm)
+    llm.sleep(level=0)
+    assert llm.is_sleeping() and worker.model_runner.kv_caches is not None
+    assert llm.wake_up(tags=["scheduling"]) is True
+    assert _tokens(llm) == reference
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"level": 3}, "level must be one of"),
+        ({"level": 1, "mode": "wait"}, "mode must be one of"),
+        ({"level": 1, "mode": "keep"}, "only at level 0"),
+    ],
+)
+def test_bad_sleep_arguments_raise(llm, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        llm.sleep(**kwargs)
+    assert not llm.is_sleeping()
+
+
+def test_bad_wake_up_tags_raise(llm):
+    with pytest.raises(ValueError, match="tags must be"):
+        llm.wake_up(tags=["everything"])
+
+
+def test_priority_orders_waiting_requests(llm):
+    """Paused (level 0, requests kept), the requests wait in the scheduler's queue, lowest
+    priority value first."""
+    engine = llm.llm_engine
+    llm.sleep(level=0, mode="keep")
+    for request_id, priority in [("p-late", 5), ("p-first", -1), ("p-mid", 2)]:
+        engine.add_request(request_id, PROMPTS[0], GREEDY, priority)
+    waiting = engine.engine_core.engine_core.scheduler.waiting
+    assert [r.request_id for r in waiting] == ["p-first", "p-mid", "p-late"]
+    engine.abort_request(["p-late", "p-first", "p-mid"])
+    assert llm.wake_up(tags=["scheduling"])
+
+
+def test_generate_passes_one_priority_per_prompt(llm, monkeypatch, reference):
+    seen = []
+    add_request = llm.llm_engine.add_request
+
+    def spy(request_id, prompt, params, priority=0, prompt_text=None):
+        seen.append(priority)
+        add_request(request_id, prompt, params, priority, prompt_text)
+
+    monkeypatch.setattr(llm.llm_engine, "add_request", spy)
+    outputs = llm.generate(PROMPTS[:4], GREEDY, use_tqdm=False, priority=[3, 0, 2, 1])
+    assert seen == [3, 0, 2, 1]
+    assert [o.outputs[0].token_ids for o in outputs] == reference
+    with pytest.raises(ValueError, match=r"prompts \(4\) and priority \(2\)"):
+        llm.generate(PROMPTS[:4], GREEDY, use_tqdm=False, priority=[1, 2])
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"lora_request": object()}, {"tokenization_kwargs": {"truncation": True}}, {"mm_processor_kwargs": {"a": 1}}],
+)
+def test_unsupported_generate_keywords_raise_value_error(llm, kwargs):
+    with pytest.raises(ValueError, match=f"{next(iter(kwargs))} is not supported by vjx"):
+        llm.generate(PROMPTS[0], GREEDY, use_tqdm=False, **kwargs)
+
+
+def test_profile_writes_a_trace_directory(llm, tmp_path):
+    llm.start_profile(profile_dir=str(tmp_path))
+    with pytest.raises(RuntimeError, match="already running"):
+        llm.start_profile(profile_dir=str(tmp_path))
+    llm.generate(PROMPTS[0], GREEDY, use_tqdm=False)
+    llm.stop_profile()
+    files = [os.path.join(d, f) for d, _, names in os.walk(tmp_path) for f in names]
+    assert any(f.endswith(".xplane.pb") for f in files), files
+
+
+def test_profile_prefix_and_environment_variable(llm, tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_TORCH_PROFILER_DIR", str(tmp_path))
+    llm.start_profile("run-1")
+    llm.stop_profile()
+    assert os.listdir(tmp_path / "run-1")
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "error", "match"),
+    [
+        (("bad prefix!",), {"profile_dir": "/tmp"}, ValueError, "profile_prefix"),
+        ((), {"profile_dir": "/tmp", "max_iterations": 3}, ValueError, "not supported by vjx"),
+        ((), {}, RuntimeError, "Profiling is not enabled"),
+    ],
+)
+def test_bad_profile_arguments_raise(llm, monkeypatch, args, kwargs, error, match):
+    monkeypatch.delenv("VLLM_TORCH_PROFILER_DIR", raising=False)
+    with pytest.raises(error, match=match):
+        llm.start_profile(*args, **kwargs)
+
+
+def test_collective_rpc_by_name_and_by_callable(llm):
+    num_blocks = LARGE_ARGS["num_gpu_blocks_override"]
+    assert llm.collective_rpc("get_kv_block_bytes") == [_worker(llm).get_kv_block_bytes()]
+    assert llm.collective_rpc(worker_summary, args=("a",), kwargs={"scale": 2}) == [("a", 2 * num_blocks)]
+    assert llm.collective_rpc(lambda worker: worker.mesh.size) == [1]
+
+
+def test_apply_model(llm):
+    assert llm.apply_model(model_class_name) == [type(_worker(llm).model).__name__]
+
+
+def test_reset_prefix_cache(llm):
+    llm.generate(PROMPTS[5], GREEDY, use_tqdm=False)
+    assert llm.reset_prefix_cache() is True
+    block_pool = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.block_pool
+    assert not block_pool.cached_block_hash_to_block
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+TOOL_TEMPLATE = (
+    "{% for tool in tools or [] %}TOOL {{ tool['function']['name'] }}\n{% endfor %}"
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if flavor %}FLAVOR {{ flavor }}\n{% endif %}{% if add_generation_prompt %}assistant:{% endif %}"
+)
+PARTS_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}:{% for p in m['content'] %}[{{ p['text'] }}]{% endfor %}{% endfor %}"
+)
+SHORT = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+
+
+def _chat_prompt(llm, messages, **kwargs) -> str:
+    output = llm.chat(messages, SHORT, use_tqdm=False, **kwargs)[0]
+    assert output.prompt_token_ids == llm.get_tokenizer().encode(output.prompt, add_special_tokens=False)
+    return output.prompt
+
+
+def test_chat_text_parts_render_as_joined_text(llm):
+    tokenizer = llm.get_tokenizer()
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}]}]
+    expected = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hello\nthere"}], add_generation_prompt=True, tokenize=False
+    )
+    assert _chat_prompt(llm, parts) == expected
+
+
+def test_chat_passes_tools_and_template_kwargs(llm):
+    messages = [{"role": "user", "content": "Weather?"}]
+    expected = llm.get_tokenizer().apply_chat_template(
+        messages, tools=TOOLS, chat_template=TOOL_TEMPLATE, add_generation_prompt=True, tokenize=False, flavor="x"
+    )
+    rendered = _chat_prompt(
+        llm, messages, chat_template=TOOL_TEMPLATE, tools=TOOLS, chat_template_kwargs={"flavor": "x"}
+    )
+    assert rendered == expected
+    assert rendered.startswith("TOOL get_weather\n") and "FLAVOR x" in rendered
+
+
+def test_chat_continue_final_message(llm):
+    messages = [{"role": "user", "content": "Count:"}, {"role": "assistant", "content": "1, 2,"}]
+    expected = llm.get_tokenizer().apply_chat_template(
+        messages, add_generation_prompt=False, continue_final_message=True, tokenize=False
+    )
+    assert _chat_prompt(llm, messages, add_generation_prompt=False, continue_final_message=True) == expected
+    assert expected.endswith("1, 2,")
+    with pytest.raises(ValueError, match="Cannot set both"):
+        llm.chat(messages, SHORT, use_tqdm=False, continue_final_message=True)
+
+
+def test_chat_openai_content_format(llm):
+    messages = [{"role": "user", "content": [{"type": "text", "text": "a"}, "b"]}]
+    assert _chat_prompt(llm, messages, chat_template=PARTS_TEMPLATE) == "user:[a][b]"
+    with pytest.raises(ValueError, match="chat_template_content_format"):
+        llm.chat(messages, SHORT, use_tqdm=False, chat_template_content_format="markdown")
+
+
+def test_chat_batch_of_conversations(llm):
+    conversations = [[{"role": "user", "content": "Hi"}], [{"role": "user", "content": "Bye"}]]
+    outputs = llm.chat(conversations, SHORT, use_tqdm=False, priority=[1, 0])
+    assert ["Hi" in outputs[0].prompt, "Bye" in outputs[1].prompt] == [True, True]
+
+
+@pytest.mark.parametrize(
+    ("messages", "match"),
+    [
+        ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "serves text models"),
+        ([{"content": "no role"}], "role"),
+        ("hello", "messages must be"),
+    ],
+)
+def test_bad_chat_messages_raise(llm, messages, match):
+    with pytest.raises(ValueError, match=match):
+        llm.chat(messages, SHORT, use_tqdm=False)
+
+
+def test_chat_refuses_lora(llm):
+    with pytest.raises(ValueError, match="lora_request is not supported by vjx"):
+        llm.chat([{"role": "user", "content": "Hi"}], SHORT, use_tqdm=False, lora_request=object())
