@@ -73,8 +73,9 @@ class EngineCoreOutput:
     new_prompt_logprobs: LogprobsLists | None = None
     """One row per prompt token after the first, when it asked for `prompt_logprobs`; sent
     once, with the request's first output."""
-    events: list[EngineCoreEvent] | None = None
-    """The request's events since its previous output, oldest first."""
+    events: list[EngineCoreEvent] | None = dataclasses.field(default=None, compare=False)
+    """The request's events since its previous output, oldest first. Timing, not content:
+    left out of `==`, as `EngineCoreOutputs.timestamp`."""
 
     @property
     def finished(self) -> bool:
@@ -87,5 +88,5 @@ class EngineCoreOutputs:
 
     outputs: list[EngineCoreOutput] = dataclasses.field(default_factory=list)
     finished_requests: set[str] = dataclasses.field(default_factory=set)
-    timestamp: float = dataclasses.field(default_factory=time.monotonic)
+    timestamp: float = dataclasses.field(default_factory=time.monotonic, compare=False)
     """When the step's tokens were known (EngineCore's monotonic clock, as its events')."""

@@ -18,6 +18,8 @@ from vjx.metrics.stats import IterationStats
 METRICS_PREFIXES = ("vjx", "vllm")
 _LABEL_NAMES = ["model_name", "engine"]
 _PROMPT_TOKEN_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+_CACHE_HIT_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
+"""vLLM's cache tiers; vjx's prefix cache is the device's only."""
 _WAITING_REASONS = ("capacity", "deferred")
 _SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
 
@@ -97,6 +99,15 @@ class PrometheusStatLogger:
         self.prompt_tokens_by_source = {
             s: by_source.labels(**self.label_values, source=s) for s in _PROMPT_TOKEN_SOURCES
         }
+        cached_by_source = self._family(
+            Counter,
+            "prompt_tokens_cached_by_source",
+            "Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), host (offloaded "
+            "to DRAM), disk, p2p (transferred from another vLLM instance) or external_unspecified. Counted at "
+            f"admission; sums to {self.prefix}prefix_cache_hits + {self.prefix}external_prefix_cache_hits.",
+            "source",
+        )
+        self.cached_by_source = {s: cached_by_source.labels(**self.label_values, source=s) for s in _CACHE_HIT_SOURCES}
         success = self._family(
             Counter, "request_success", "Count of successfully processed requests.", "finished_reason"
         )
@@ -163,6 +174,7 @@ class PrometheusStatLogger:
         self.kv_cache_usage.set(stats.kv_cache_usage)
         self.counters["prefix_cache_queries"].inc(stats.num_prefix_queried_tokens)
         self.counters["prefix_cache_hits"].inc(stats.num_prefix_hit_tokens)
+        self.cached_by_source["device"].inc(stats.num_prefix_hit_tokens)
 
     def record_iteration_stats(self, stats: IterationStats) -> None:
         counters, histograms = self.counters, self.histograms
