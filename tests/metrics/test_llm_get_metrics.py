@@ -45,7 +45,7 @@ def test_get_metrics_after_a_batch(llm):
     for name in ("request_queue_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds"):
         histogram = metrics["vjx:" + name]
         assert histogram.count == 8 and histogram.sum >= 0, name
-    assert metrics["vjx:request_params_n"].buckets["1"] == 8
+    assert metrics["vjx:request_params_n"].buckets["1.0"] == 8
     assert all(m.labels.get("model_name") or m.name == "vjx:cache_config_info" for m in metrics.values())
 
 
