@@ -68,7 +68,7 @@ class ServerState:
         self.completion = OpenAIServingCompletion(*shared)
         self.chat = OpenAIServingChat(*shared, chat_template)
         self.tokenization = OpenAIServingTokenization(*shared, chat_template)
-        self.metrics = ServerMetrics(self.models.model_name)
+        self.metrics = ServerMetrics(engine, self.models.model_name, server_args.metrics_prefix)
         engine.stats_listeners.append(self.metrics)
 
 

@@ -51,6 +51,9 @@ class ServerArgs:
     access_log: str = _field("text", f"Access log lines: one of {_ACCESS_LOGS}.")
     stats_interval: float = _field(10.0, "Seconds between stats log lines (unless --disable-log-stats).")
     log_level: str = _field("info", "Log level of the server and uvicorn: debug, info, warning or error.")
+    metrics_prefix: str = _field(
+        "vjx", "Prefix of every /metrics name: 'vjx' (vjx:...) or 'vllm' (vLLM's names).", choices=("vjx", "vllm")
+    )
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:

@@ -268,6 +268,12 @@ class LLM:
                     progress.set_postfix_str(f"output: {num_output_tokens / elapsed:.1f} toks/s")
         return [finished[request_id] for request_id in request_ids]
 
+    def get_metrics(self) -> list:
+        """vLLM's `LLM.get_metrics()`: a snapshot of this engine's metrics as
+        `vjx.metrics.reader` objects (Counter, Gauge, Histogram), named `vjx:...`. Needs
+        `disable_log_stats=False`; raises ValueError otherwise."""
+        return self.llm_engine.get_metrics()
+
 
 def _check_unsupported(**arguments) -> None:
     for name, value in arguments.items():

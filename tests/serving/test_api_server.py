@@ -1,7 +1,8 @@
 """The OpenAI API through the real `openai` client, against `vjx serve` in a subprocess.
 
 One server for the module (the default SmolLM2 model), configured partly through a YAML
---config file; the SIGTERM drain test stops it and so runs last.
+--config file (with vLLM's metric names: --metrics-prefix vllm); the SIGTERM drain test stops
+it and so runs last.
 """
 
 import json
@@ -10,10 +11,10 @@ import signal
 import openai
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.cli import main as bench_main
 from tests.helpers.remote_server import RemoteServer
+from tests.helpers.vllm_metrics import check_against_vllm, families_by_name
 
 PROMPT = "The capital of France is"
 GREEDY = dict(temperature=0.0)
@@ -23,7 +24,14 @@ GREEDY = dict(temperature=0.0)
 def server(tmp_path_factory):
     config = tmp_path_factory.mktemp("config") / "serve.yaml"
     config.write_text(
-        yaml.safe_dump({"served-model-name": ["smollm2", "smol-alias"], "access-log": "json", "max_logprobs": 8})
+        yaml.safe_dump(
+            {
+                "served-model-name": ["smollm2", "smol-alias"],
+                "access-log": "json",
+                "max_logprobs": 8,
+                "metrics-prefix": "vllm",
+            }
+        )
     )
     remote = RemoteServer(["--config", str(config)])
     yield remote
@@ -225,28 +233,28 @@ def test_models_version_tokenize_detokenize(server):
     assert status == 200 and json.loads(body)["count"] > 5
 
 
-def test_metrics_parse_and_count(server):
+def test_metrics_are_vllms(server):
     status, body = server.request("GET", "/metrics")
     assert status == 200
-    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
-    for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
-        assert families[f"vjx:{name}"].type == "gauge"
-    for name in (
-        "prompt_tokens",
-        "generation_tokens",
-        "prefix_cache_queries",
-        "prefix_cache_hits",
-        "num_preemptions",
-        "request_success",
-    ):
-        assert families[f"vjx:{name}"].type == "counter"
-    for name in ("time_to_first_token_seconds", "time_per_output_token_seconds", "e2e_request_latency_seconds"):
-        assert families[f"vjx:{name}"].type == "histogram"
+    families = families_by_name(body.decode(), "vllm")
+    check_against_vllm(families)
+    assert not families_by_name(body.decode(), "vjx")
+    model = {"model_name": "smollm2", "engine": "0"}
+    [info] = families["cache_config_info"].samples
+    assert info.value == 1 and (info.labels["block_size"], info.labels["engine"]) == ("16", "0")
+    assert all(sample.labels.items() >= model.items() for sample in families["request_success"].samples)
     values = server.metrics()
-    assert values["vjx:generation_tokens_total"] > 50 and values["vjx:prompt_tokens_total"] > 20
-    assert values["vjx:time_to_first_token_seconds_count"] >= 10
-    assert values["vjx:prefix_cache_queries_total"] > 0
-    assert values["vjx:kv_cache_usage_perc"] == 0.0 and values["vjx:num_requests_running"] == 0.0
+    assert values["vllm:generation_tokens_total"] > 50 and values["vllm:prompt_tokens_total"] > 20
+    assert values["vllm:time_to_first_token_seconds_count"] >= 10
+    assert values["vllm:e2e_request_latency_seconds_count"] >= 10
+    assert values["vllm:request_queue_time_seconds_count"] == values["vllm:e2e_request_latency_seconds_count"]
+    assert values["vllm:inter_token_latency_seconds_count"] > 0
+    assert values["vllm:prefix_cache_queries_total"] > 0
+    assert values["vllm:kv_cache_usage_perc"] == 0.0 and values["vllm:num_requests_running"] == 0.0
+    success = {
+        s.labels["finished_reason"]: s.value for s in families["request_success"].samples if s.name.endswith("_total")
+    }
+    assert success["length"] >= 10 and set(success) == {"stop", "length", "abort", "error"}
 
 
 def test_serve_benchmark_against_the_server(server, tmp_path):

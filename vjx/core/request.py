@@ -3,7 +3,7 @@
 import enum
 
 from vjx.core.kv_cache_utils import BlockHash
-from vjx.engine.messages import EngineCoreRequest, FinishReason
+from vjx.engine.messages import EngineCoreEvent, EngineCoreEventType, EngineCoreRequest, FinishReason
 from vjx.sampling_params import SamplingParams
 
 
@@ -79,6 +79,8 @@ class Request:
         """Prompt tokens found in the prefix cache when first scheduled; -1 until then."""
         self.num_preemptions = 0
         self.block_hashes: list[BlockHash] = []
+        self.events: list[EngineCoreEvent] = []
+        """Scheduler events not yet sent with an output (for the front end's timing metrics)."""
 
     @classmethod
     def from_engine_core_request(cls, request: EngineCoreRequest) -> "Request":
@@ -107,6 +109,16 @@ class Request:
             return
         self.output_token_ids.extend(token_ids)
         self.all_token_ids.extend(token_ids)
+
+    def record_event(self, event_type: EngineCoreEventType) -> None:
+        self.events.append(EngineCoreEvent.new_event(event_type))
+
+    def take_events(self) -> list[EngineCoreEvent] | None:
+        """The events since the last call, or None when there were none."""
+        if not self.events:
+            return None
+        events, self.events = self.events, []
+        return events
 
     def is_finished(self) -> bool:
         return RequestStatus.is_finished(self.status)

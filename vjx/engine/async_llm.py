@@ -4,11 +4,10 @@ Each request gets an asyncio queue. One task reads the engine's outputs, detoken
 with the same input and output processors as `LLMEngine`, and puts each `RequestOutput` in
 its request's queue; `generate` (or the `RequestOutputStream` of `add_request`, which
 validates the request before returning) yields from that queue. `RequestStatsListener`s
-(the server's metrics) see every request's adds, outputs and aborts.
+(the server's metrics) see the stats of every batch of outputs.
 """
 
 import asyncio
-import time
 from collections.abc import AsyncGenerator
 from typing import Protocol, runtime_checkable
 
@@ -17,27 +16,19 @@ from vjx.core.sched.stats import SchedulerStats
 from vjx.engine.core_client import START_TIMEOUT_S, AsyncMPClient
 from vjx.engine.exceptions import EngineDeadError, EngineRequestError
 from vjx.engine.llm_engine import register_request, resolve_trace_dir
-from vjx.engine.messages import EngineCoreOutput, EngineCoreRequest
 from vjx.engine.processors import make_processors
 from vjx.engine_args import EngineArgs
+from vjx.metrics.stats import IterationStats
 from vjx.outputs import RequestOutput
 from vjx.sampling_params import SamplingParams
 
 
 @runtime_checkable
 class RequestStatsListener(Protocol):
-    """Sees every engine request's life, for request-level metrics (TTFT, TPOT, latency).
+    """Sees what each batch of engine outputs meant for the metrics (TTFT, latencies, token
+    counts, finished requests): the `IterationStats` the output processor filled."""
 
-    The ids are EngineCore's: an `n > 1` request shows up as its n children. Each call is
-    made on the event loop with `now` from `time.time()`, the clock of `arrival_time`.
-    """
-
-    def on_requests_added(self, requests: list[EngineCoreRequest]) -> None: ...
-
-    def on_outputs(self, outputs: list[EngineCoreOutput], stopped_ids: list[str], now: float) -> None:
-        """One step's outputs; `stopped_ids` are requests a stop string finished here."""
-
-    def on_requests_aborted(self, request_ids: list[str]) -> None: ...
+    def record_iteration_stats(self, iteration_stats: IterationStats) -> None: ...
 
 
 class AsyncLLM:
@@ -56,8 +47,8 @@ class AsyncLLM:
         stats_listeners: list[RequestStatsListener] | None = None,
     ):
         """`transport`: how to reach the engine process, "ipc" (a private temp dir) or "tcp"
-        (127.0.0.1 only). `stats_listeners` are told of every request's adds, outputs and
-        aborts."""
+        (127.0.0.1 only). `stats_listeners` are given the stats of every batch of
+        outputs."""
         process_setup.setup_process()
         self.config = engine_args.create_engine_config()
         self.tokenizer, self.input_processor, self.output_processor = make_processors(self.config.model_config)
@@ -103,8 +94,6 @@ class AsyncLLM:
         engine_requests = register_request(self.output_processor, request, prompt_text)
         queue: asyncio.Queue = asyncio.Queue()
         self.request_queues[request_id] = queue
-        for listener in self.stats_listeners:
-            listener.on_requests_added(engine_requests)
         try:
             for engine_request in engine_requests:
                 self.engine_core.add_request(engine_request)
@@ -144,8 +133,6 @@ class AsyncLLM:
         """Stops tracking the requests, ends their streams with `end_item` (None: quietly)
         and aborts them in the engine."""
         engine_ids = self.output_processor.abort_requests(request_ids)
-        for listener in self.stats_listeners:
-            listener.on_requests_aborted(engine_ids)
         self._close_queues(request_ids, end_item)
         if self.engine_core.dead_error is None:
             self.engine_core.abort_requests(engine_ids)
@@ -160,11 +147,11 @@ class AsyncLLM:
             except EngineDeadError as e:
                 self._close_queues(list(self.request_queues), e)
                 return
-            processed = self.output_processor.process_outputs(outputs.outputs)
-            if self.stats_listeners:
-                now = time.time()
+            iteration_stats = IterationStats() if self.stats_listeners else None
+            processed = self.output_processor.process_outputs(outputs.outputs, outputs.timestamp, iteration_stats)
+            if iteration_stats is not None and outputs.outputs:
                 for listener in self.stats_listeners:
-                    listener.on_outputs(outputs.outputs, processed.reqs_to_abort, now)
+                    listener.record_iteration_stats(iteration_stats)
             for output in processed.request_outputs:
                 queue = self.request_queues.get(output.request_id)
                 if queue is not None:

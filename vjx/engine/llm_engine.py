@@ -15,6 +15,9 @@ from vjx.engine.output_processor import OutputProcessor
 from vjx.engine.parallel_sampling import ParentRequest
 from vjx.engine.processors import make_processors
 from vjx.engine_args import EngineArgs
+from vjx.metrics.loggers import PrometheusStatLogger
+from vjx.metrics.reader import Metric, get_metrics_snapshot
+from vjx.metrics.stats import IterationStats
 from vjx.outputs import RequestOutput
 from vjx.sampling_params import SamplingParams
 
@@ -79,6 +82,7 @@ class LLMEngine:
         self.log_stats = not engine_args.disable_log_stats
         self.is_profiling = False
         self._last_stats_time = time.monotonic()
+        self.stat_logger = self._make_stat_logger() if self.log_stats else None
         # Full collections skip the start-up heap (tokenizer, engine client) while this lives.
         process_setup.engine_started(self)
 
@@ -114,9 +118,14 @@ class LLMEngine:
         except EngineRequestError as e:
             self.output_processor.abort_requests([e.request_id])
             raise
-        processed = self.output_processor.process_outputs(outputs.outputs)
+        iteration_stats = IterationStats() if self.log_stats else None
+        # The in-process client gathers its replicas' outputs in a batch made before they ran, so
+        # the clock after the step (the same monotonic clock as EngineCore's) stands for its end.
+        processed = self.output_processor.process_outputs(outputs.outputs, time.monotonic(), iteration_stats)
         self.engine_core.abort_requests(processed.reqs_to_abort)
         if self.log_stats:
+            if outputs.outputs:
+                self.stat_logger.record_iteration_stats(iteration_stats)
             self._maybe_log_stats()
         return processed.request_outputs
 
@@ -124,7 +133,25 @@ class LLMEngine:
         now = time.monotonic()
         if now - self._last_stats_time >= _STATS_INTERVAL_S:
             self._last_stats_time = now
-            logger.info("%s", self.engine_core.make_stats())
+            stats = self.engine_core.make_stats()
+            self.stat_logger.record_scheduler_stats(stats)
+            logger.info("%s", stats)
+
+    def _make_stat_logger(self) -> PrometheusStatLogger:
+        """vLLM's metrics in this engine's own registry, named `vjx:` and labelled with the model."""
+        config = self.config
+        stat_logger = PrometheusStatLogger(config.model_config.model, config.model_config.max_model_len)
+        core = self.engine_core
+        num_gpu_blocks = core.ready.num_gpu_blocks if config.multiprocess else core.engine_core.num_gpu_blocks
+        stat_logger.log_cache_config(config.cache_config, num_gpu_blocks)
+        return stat_logger
+
+    def get_metrics(self) -> list[Metric]:
+        """vLLM's metrics snapshot (scheduler gauges read now); needs `disable_log_stats=False`."""
+        if self.stat_logger is None:
+            raise ValueError("get_metrics needs stats logging: create the engine with disable_log_stats=False.")
+        self.stat_logger.record_scheduler_stats(self.engine_core.make_stats())
+        return get_metrics_snapshot(self.stat_logger.registry, self.stat_logger.prefix)
 
     def reset_prefix_cache(self) -> bool:
         return self.engine_core.reset_prefix_cache()

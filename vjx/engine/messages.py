@@ -5,6 +5,7 @@ Plain data, no behaviour: the scheduler builds outputs, the output processor rea
 
 import dataclasses
 import enum
+import time
 
 from vjx.outputs import LogprobsLists
 from vjx.sampling_params import SamplingParams
@@ -37,6 +38,27 @@ class EngineCoreRequest:
     """Mixed into the first block's hash, so only requests with the same salt share a prefix."""
 
 
+class EngineCoreEventType(enum.IntEnum):
+    """A step of a request's life in the scheduler, for its queue, prefill and decode times."""
+
+    QUEUED = 1
+    SCHEDULED = 2
+    PREEMPTED = 3
+
+
+@dataclasses.dataclass
+class EngineCoreEvent:
+    """When a request changed state in EngineCore, on EngineCore's `time.monotonic()` clock: only
+    intervals between these and `EngineCoreOutputs.timestamp` mean anything."""
+
+    type: EngineCoreEventType
+    timestamp: float
+
+    @classmethod
+    def new_event(cls, event_type: EngineCoreEventType) -> "EngineCoreEvent":
+        return cls(event_type, time.monotonic())
+
+
 @dataclasses.dataclass
 class EngineCoreOutput:
     """New tokens of one request after one step."""
@@ -51,6 +73,9 @@ class EngineCoreOutput:
     new_prompt_logprobs: LogprobsLists | None = None
     """One row per prompt token after the first, when it asked for `prompt_logprobs`; sent
     once, with the request's first output."""
+    events: list[EngineCoreEvent] | None = dataclasses.field(default=None, compare=False)
+    """The request's events since its previous output, oldest first. Timing, not content:
+    left out of `==`, as `EngineCoreOutputs.timestamp`."""
 
     @property
     def finished(self) -> bool:
@@ -63,3 +88,5 @@ class EngineCoreOutputs:
 
     outputs: list[EngineCoreOutput] = dataclasses.field(default_factory=list)
     finished_requests: set[str] = dataclasses.field(default_factory=set)
+    timestamp: float = dataclasses.field(default_factory=time.monotonic, compare=False)
+    """When the step's tokens were known (EngineCore's monotonic clock, as its events')."""

@@ -3,7 +3,8 @@
 The front-end half after EngineCore: it detokenizes, finds stop strings (EngineCore stops on
 what needs no text: EOS, stop token ids, lengths), turns logprobs rows into `Logprob` dicts,
 gathers the children of an `n > 1` request into one output, and tells the engine which
-requests a stop string finished, so EngineCore frees them.
+requests a stop string finished, so EngineCore frees them. Given an `IterationStats`, it also
+records what the step meant for the metrics (vjx.metrics).
 """
 
 import dataclasses
@@ -14,6 +15,7 @@ from vjx.engine.detokenizer import IncrementalDetokenizer
 from vjx.engine.logprobs import LogprobsProcessor, TokenDecoder
 from vjx.engine.messages import EngineCoreOutput, EngineCoreRequest, FinishReason
 from vjx.engine.parallel_sampling import ParentRequest
+from vjx.metrics.stats import IterationStats, RequestStateStats
 from vjx.outputs import CompletionOutput, PromptLogprobs, RequestOutput
 from vjx.sampling_params import RequestOutputKind
 
@@ -47,6 +49,8 @@ class RequestState:
         self.logprobs_processor = LogprobsProcessor.from_new_request(token_decoder, request)
         self.num_cached_tokens = 0
         self._num_sent_tokens = 0
+        self.max_tokens_param = request.sampling_params.max_tokens
+        self.stats = RequestStateStats(arrival_time=request.arrival_time)
 
     def update(self, output: EngineCoreOutput) -> tuple[FinishReason | None, int | str | None, bool]:
         """Applies one step's output; returns (finish reason, stop reason, whether a stop
@@ -121,6 +125,8 @@ class OutputProcessor:
         self.token_decoder = TokenDecoder(tokenizer)
         self.request_states: dict[str, RequestState] = {}
         self.parent_requests: dict[str, ParentRequest] = {}
+        self._max_num_generation_tokens: dict[str, int] = {}
+        """Per unfinished parent: the most tokens a finished child generated, for the metrics."""
 
     def add_request(
         self,
@@ -148,9 +154,16 @@ class OutputProcessor:
         if request_id in self.request_states or request_id in self.parent_requests:
             raise ValueError(f"request_id {request_id!r} is already in use by an unfinished request.")
 
-    def process_outputs(self, engine_core_outputs: list[EngineCoreOutput]) -> OutputProcessorOutput:
+    def process_outputs(
+        self,
+        engine_core_outputs: list[EngineCoreOutput],
+        engine_core_timestamp: float | None = None,
+        iteration_stats: IterationStats | None = None,
+    ) -> OutputProcessorOutput:
         """Applies one step's outputs; outputs of requests no longer tracked (aborted here
-        while EngineCore was still running them) are dropped."""
+        while EngineCore was still running them) are dropped. With `iteration_stats`, records
+        the step there; `engine_core_timestamp` is when its tokens were known (EngineCore's
+        monotonic clock, as its events')."""
         pending: list[RequestOutput | ParentRequest] = []
         pending_parent_ids: set[str] = set()
         reqs_to_abort: list[str] = []
@@ -158,6 +171,10 @@ class OutputProcessor:
             state = self.request_states.get(output.request_id)
             if state is None:
                 continue
+            if iteration_stats is not None:
+                iteration_stats.update_from_output(
+                    output, engine_core_timestamp, len(state.prompt_token_ids), state.stats
+                )
             if not output.new_token_ids and output.finish_reason is None:
                 # Prompt logprobs of a chunk, if any, wait for the first token.
                 state.logprobs_processor.update_prompt_logprobs(output.new_prompt_logprobs)
@@ -166,6 +183,8 @@ class OutputProcessor:
             if needs_abort:
                 reqs_to_abort.append(output.request_id)
             if finish_reason is not None:
+                if iteration_stats is not None:
+                    self._record_finished(state, finish_reason, iteration_stats)
                 self._forget(state)
             completion = state.make_completion_output(finish_reason, stop_reason)
             if completion is None:
@@ -184,6 +203,23 @@ class OutputProcessor:
             pending = [o for o in pending if o is not None]
         return OutputProcessorOutput(request_outputs=pending, reqs_to_abort=reqs_to_abort)
 
+    def _record_finished(
+        self, state: RequestState, finish_reason: FinishReason, iteration_stats: IterationStats
+    ) -> None:
+        """A request finished: its own figures, and its user request's once all `n` children are done."""
+        num_generation_tokens = state.stats.num_generation_tokens
+        iteration_stats.update_from_finished_request(
+            finish_reason, len(state.prompt_token_ids), state.num_cached_tokens, state.max_tokens_param, state.stats
+        )
+        parent = state.parent
+        if parent is None:
+            iteration_stats.observe_user_request(1, num_generation_tokens)
+            return
+        most = max(self._max_num_generation_tokens.get(parent.request_id, 0), num_generation_tokens)
+        self._max_num_generation_tokens[parent.request_id] = most
+        if parent.unfinished_child_ids == {state.request_id}:
+            iteration_stats.observe_user_request(parent.sampling_params.n, most)
+
     def _forget(self, state: RequestState) -> None:
         """Stops tracking a finished request, and its parent once every child is done."""
         del self.request_states[state.request_id]
@@ -192,6 +228,7 @@ class OutputProcessor:
             parent.finish_child(state.request_id)
             if parent.finished:
                 self.parent_requests.pop(parent.request_id, None)
+                self._max_num_generation_tokens.pop(parent.request_id, None)
 
     def abort_requests(self, request_ids: list[str]) -> list[str]:
         """Stops tracking requests (a parent id stands for its children); returns the ids

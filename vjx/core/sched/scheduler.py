@@ -10,7 +10,7 @@ from vjx.core.sched.output import CachedRequestData, NewRequestData, SchedulerOu
 from vjx.core.sched.request_queue import SchedulingPolicy, create_request_queue
 from vjx.core.sched.stats import SchedulerStats
 from vjx.core.sched.utils import append_until_stop
-from vjx.engine.messages import EngineCoreOutput, EngineCoreOutputs, FinishReason
+from vjx.engine.messages import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs, FinishReason
 from vjx.kv_cache_interface import KVCacheConfig
 from vjx.outputs import ModelRunnerOutput
 
@@ -124,6 +124,7 @@ class Scheduler:
             )
         self.waiting.add_request(request)
         self.requests[request.request_id] = request
+        request.record_event(EngineCoreEventType.QUEUED)
 
     def schedule(self) -> SchedulerOutput:
         plan = _StepPlan(token_budget=self.max_num_scheduled_tokens)
@@ -205,6 +206,7 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
+        request.record_event(EngineCoreEventType.PREEMPTED)
         self.waiting.prepend_request(request)
         plan.preempted_reqs.append(request)
 
@@ -236,6 +238,7 @@ class Scheduler:
         else:
             plan.scheduled_new_reqs.append(request)
         request.status = RequestStatus.RUNNING
+        request.record_event(EngineCoreEventType.SCHEDULED)
         request.num_computed_tokens = num_computed_tokens
         if request.num_cached_tokens < 0:
             request.num_cached_tokens = num_computed_tokens
@@ -334,6 +337,7 @@ class Scheduler:
                     request.num_cached_tokens,
                     logprobs and logprobs.get(req_id),
                     prompt_logprobs and prompt_logprobs.get(req_id),
+                    request.take_events(),
                 )
             )
         if stopped_running_ids:
