@@ -30,19 +30,13 @@ UNSUPPORTED_FIELDS: dict[str, tuple] = {
     "guided_whitespace_pattern": (None,),
     "structured_outputs": (None,),
     # Other ways to sample, or to build the prompt.
-    "use_beam_search": (None, False),
     "logits_processors": (None, []),
     "prediction": (None,),
     "reasoning_effort": (None,),
     "prompt_embeds": (None,),
-    "chat_template": (None,),
-    "chat_template_kwargs": (None, {}),
     # Other modalities.
     "audio": (None,),
     "modalities": (None, ["text"]),
-    # Other response shapes.
-    "stream_options.continuous_usage_stats": (None, False),
-    "return_tokens_as_token_ids": (None, False),
 }
 """Dotted field path -> the values that change nothing."""
 
