@@ -16,11 +16,13 @@ import time
 
 import openai
 import pytest
+import transformers
 
 from serving.errors import OpenAIError
 from serving.server_args import ServerArgs
 from serving.serving_engine import OpenAIServing
 from tests.helpers.remote_server import RemoteServer
+from vjx.models import default_model
 
 MODEL = "SmolLM2-135M-Instruct"
 """The default served name of the embedded model."""
@@ -87,8 +89,10 @@ def _load(server) -> int:
 def test_tokenizer_info(server):
     status, body = server.request("GET", "/tokenizer_info")
     info = json.loads(body)
-    assert status == 200 and info["tokenizer_class"].endswith("TokenizerFast")
-    assert "{%" in info["chat_template"] and "vocab_file" not in info and info["eos_token"]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(default_model.get_default_model_path())
+    assert status == 200 and info["tokenizer_class"] == type(tokenizer).__name__
+    assert info["chat_template"] == tokenizer.chat_template and "vocab_file" not in info
+    assert info["eos_token"] == tokenizer.eos_token
 
 
 def test_invocations_dispatch_on_the_body(server):
