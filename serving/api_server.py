@@ -1,15 +1,17 @@
 """The OpenAI-compatible HTTP server: a FastAPI app on one AsyncLLM, run by uvicorn.
 
-`build_app` wires the routes to the handlers (serving_*.py) behind `ServerGuard`; a body
-that sets a field vjx does not honour (serving/unsupported_fields.py) is refused before
-its handler runs. `run_server` starts the engine process, then uvicorn, whose SIGTERM
-handling stops accepting connections and waits up to `--shutdown-timeout` for requests in
-flight before the engine is shut down.
+`build_app` wires the routes to the handlers (serving_*.py) behind `ServerGuard`: the
+OpenAI API's, and vLLM's own (/ping, /load, /tokenizer_info, SageMaker's /invocations). A
+body that is not `application/json`, or that sets a field vjx does not honour
+(serving/unsupported_fields.py), is refused before its handler runs. `run_server` starts
+the engine process, then uvicorn, whose SIGTERM handling stops accepting connections and
+waits up to `--shutdown-timeout` for requests in flight before the engine is shut down.
 """
 
 import asyncio
 import contextlib
 import importlib.metadata
+import json
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -34,11 +36,12 @@ from serving.protocol import (
     parse_request,
 )
 from serving.server_args import ServerArgs
+from serving.server_load import ServerLoad
 from serving.serving_chat import OpenAIServingChat
 from serving.serving_completion import OpenAIServingCompletion
 from serving.serving_models import OpenAIServingModels
 from serving.serving_tokenization import OpenAIServingTokenization
-from serving.sse import to_openai_error
+from serving.sse import EventStreamResponse, to_openai_error
 from serving.tokenizer_pool import TokenizerPool
 from serving.unsupported_fields import check_supported_fields
 from vjx.engine.async_llm import AsyncLLM
@@ -70,6 +73,7 @@ class ServerState:
         self.tokenization = OpenAIServingTokenization(*shared, chat_template)
         self.metrics = ServerMetrics(engine, self.models.model_name, server_args.metrics_prefix)
         engine.stats_listeners.append(self.metrics)
+        self.load = ServerLoad(server_args.enable_server_load_tracking)
 
 
 def _version() -> str:
@@ -101,16 +105,45 @@ async def _wait_for_disconnect(receive) -> None:
         pass
 
 
-async def _serve(raw_request: Request, model_class: type[RequestModel], handler: Callable[..., Awaitable]):
-    """Parses the body into `model_class`, runs `handler` on it and answers; a client that
-    leaves first cancels the handler (its `finally`s abort the engine requests)."""
+def _check_json_body(raw_request: Request) -> None:
+    """vLLM's rule: a body must say it is JSON."""
+    media_type = raw_request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media_type != "application/json":
+        raise OpenAIError("Unsupported Media Type: Only 'application/json' is allowed.", 400)
+
+
+async def _serve(
+    raw_request: Request,
+    model_class: type[RequestModel],
+    handler: Callable[..., Awaitable],
+    load: ServerLoad | None = None,
+    body: bytes | None = None,
+):
+    """Parses the body (`body`, else the request's) into `model_class`, runs `handler` on it
+    and answers; a client that leaves first cancels the handler (its `finally`s abort the
+    engine requests). `load` counts the request until its response has ended."""
+    _check_json_body(raw_request)
     try:
-        request = parse_request(model_class, await raw_request.body())
+        request = parse_request(model_class, body if body is not None else await raw_request.body())
     except UnicodeDecodeError as e:
         raise OpenAIError(f"The request body is not valid UTF-8: {e.reason} at byte {e.start}.", 400) from None
     except pydantic.ValidationError as e:
         raise OpenAIError.from_validation_error(e) from None
     check_supported_fields(request)
+    load = load or ServerLoad(enabled=False)
+    load.enter()
+    result = None
+    try:
+        result = await _run_handler(raw_request, handler, request)
+    finally:
+        if isinstance(result, EventStreamResponse):
+            result.on_close.append(load.exit)
+        else:
+            load.exit()
+    return result if isinstance(result, Response) else _json(result)
+
+
+async def _run_handler(raw_request: Request, handler: Callable[..., Awaitable], request: RequestModel):
     handler_task = asyncio.ensure_future(handler(request))
     disconnect = asyncio.ensure_future(_wait_for_disconnect(raw_request.receive))
     try:
@@ -122,13 +155,15 @@ async def _serve(raw_request: Request, model_class: type[RequestModel], handler:
             await asyncio.gather(handler_task, return_exceptions=True)
     if handler_task.cancelled():
         return Response(status_code=_CLIENT_CLOSED)
-    result = handler_task.result()
-    return result if isinstance(result, Response) else _json(result)
+    return handler_task.result()
 
 
 def _add_routes(app: fastapi.FastAPI, state: ServerState) -> None:
     @app.get("/health")
+    @app.get("/ping")
+    @app.post("/ping")
     async def health() -> Response:
+        """/ping is SageMaker's name for it (vLLM's)."""
         try:
             await state.engine.check_health()
         except EngineDeadError as e:
@@ -150,11 +185,11 @@ def _add_routes(app: fastapi.FastAPI, state: ServerState) -> None:
 
     @app.post("/v1/completions")
     async def completions(raw_request: Request):
-        return await _serve(raw_request, CompletionRequest, state.completion.create_completion)
+        return await _serve(raw_request, CompletionRequest, state.completion.create_completion, state.load)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(raw_request: Request):
-        return await _serve(raw_request, ChatCompletionRequest, state.chat.create_chat_completion)
+        return await _serve(raw_request, ChatCompletionRequest, state.chat.create_chat_completion, state.load)
 
     @app.post("/tokenize")
     async def tokenize(raw_request: Request):
@@ -163,6 +198,57 @@ def _add_routes(app: fastapi.FastAPI, state: ServerState) -> None:
     @app.post("/detokenize")
     async def detokenize(raw_request: Request):
         return await _serve(raw_request, DetokenizeRequest, state.tokenization.create_detokenize)
+
+
+def _add_vllm_routes(app: fastapi.FastAPI, state: ServerState) -> None:
+    """The routes vLLM's server adds to the OpenAI API's."""
+
+    @app.get("/load")
+    async def load() -> Response:
+        return _json(state.load.to_dict())
+
+    @app.get("/v1/models/{model:path}")
+    async def model_card(model: str) -> Response:
+        card = state.models.model_card(model)
+        if card is None:
+            raise OpenAIError(f"The model `{model}` does not exist.", 404, "model")
+        return _json(card)
+
+    if state.server_args.enable_tokenizer_info_endpoint:
+
+        @app.get("/tokenizer_info")
+        async def tokenizer_info() -> Response:
+            return _json(state.tokenization.tokenizer_info())
+
+    @app.post("/invocations")
+    async def invocations(raw_request: Request):
+        """SageMaker's one route: a body with `messages` is a chat completion, one with
+        `prompt` a completion."""
+        _check_json_body(raw_request)
+        body = await raw_request.body()
+        keys = _top_level_keys(body)
+        if "messages" in keys:
+            return await _serve(raw_request, ChatCompletionRequest, state.chat.create_chat_completion, state.load, body)
+        if "prompt" in keys:
+            return await _serve(raw_request, CompletionRequest, state.completion.create_completion, state.load, body)
+        raise OpenAIError(
+            "Cannot find suitable handler for request. Expected one of: "
+            "['ChatCompletionRequest', 'CompletionRequest'] (a body with messages or prompt).",
+            400,
+        )
+
+    @app.post("/v1/embeddings")
+    async def embeddings() -> Response:
+        raise OpenAIError("The model does not support embeddings (the Embeddings API); it is a generative model.", 400)
+
+
+def _top_level_keys(body: bytes) -> set[str]:
+    """The keys of a JSON object body (none for anything else); a body that is not JSON is a 400."""
+    try:
+        content = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise OpenAIError(f"The request body is not valid JSON: {e}.", 400) from None
+    return set(content) if isinstance(content, dict) else set()
 
 
 def _add_error_handlers(app: fastapi.FastAPI) -> None:
@@ -201,6 +287,7 @@ def build_app(state: ServerState) -> ServerGuard:
     app = fastapi.FastAPI(title="vjx", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.vjx = state
     _add_routes(app, state)
+    _add_vllm_routes(app, state)
     _add_error_handlers(app)
     args = state.server_args
     return ServerGuard(app, args.api_key, args.max_header_bytes, args.max_request_body_bytes, args.access_log)

@@ -50,8 +50,10 @@ def apply_chat_template(
     chat_template: str | None,
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
+    chat_template_kwargs: dict | None = None,
 ) -> str:
-    """The prompt text of a conversation; a template that fails (or none at all) is a 400."""
+    """The prompt text of a conversation; a template that fails (or none at all) is a 400.
+    `chat_template_kwargs` are extra template variables; the arguments above win over them."""
     if continue_final_message and add_generation_prompt:
         raise OpenAIError(
             "continue_final_message and add_generation_prompt cannot both be true.", 400, "continue_final_message"
@@ -62,13 +64,14 @@ def apply_chat_template(
         )
     if chat_template is None and getattr(tokenizer, "chat_template", None) is None:
         raise OpenAIError("The model has no chat template; start the server with --chat-template.", 400)
+    options = {
+        **(chat_template_kwargs or {}),
+        "chat_template": chat_template,
+        "tokenize": False,
+        "add_generation_prompt": add_generation_prompt,
+        "continue_final_message": continue_final_message,
+    }
     try:
-        return tokenizer.apply_chat_template(
-            to_conversation(messages),
-            chat_template=chat_template,
-            tokenize=False,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
-        )
+        return tokenizer.apply_chat_template(to_conversation(messages), **options)
     except Exception as e:  # noqa: BLE001 - a template's own error (e.g. raise_exception) is the user's
         raise OpenAIError(f"The chat template failed on these messages: {e}", 400, "messages") from None

@@ -26,6 +26,8 @@ class RequestModel(BaseModel):
 
 class StreamOptions(RequestModel):
     include_usage: bool = False
+    continuous_usage_stats: bool = False
+    """vLLM's: every chunk carries the usage so far (with `include_usage`)."""
 
 
 class SamplingRequest(RequestModel):
@@ -55,13 +57,25 @@ class SamplingRequest(RequestModel):
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     truncate_prompt_tokens: int | None = None
+    truncation_side: Literal["left", "right"] | None = None
+    """Which end `truncate_prompt_tokens` cuts: "left" (the default) keeps the last tokens."""
     priority: int = 0
     cache_salt: str | None = None
     request_id: str | None = Field(None, max_length=256)
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    return_token_ids: bool = False
+    """vLLM's: each choice carries its `token_ids` and the prompt's `prompt_token_ids`."""
+    return_tokens_as_token_ids: bool = False
+    """vLLM's: logprob tokens read "token_id:N" (for tokens that are not valid UTF-8 alone)."""
 
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def include_continuous_usage(self) -> bool:
+        return self.include_usage and self.stream_options.continuous_usage_stats
 
 
 class CompletionRequest(SamplingRequest):
@@ -81,7 +95,8 @@ class TextContentPart(RequestModel):
 
 
 class ChatMessage(RequestModel):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: str
+    """Any role, as vLLM: the chat template decides what it makes of it."""
     content: str | list[TextContentPart] | None = None
     name: str | None = None
 
@@ -100,6 +115,10 @@ class ChatCompletionRequest(SamplingRequest):
     continue_final_message: bool = False
     add_special_tokens: bool = False
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    chat_template: str | None = None
+    """vLLM's: this request's template instead of the server's (--trust-request-chat-template)."""
+    chat_template_kwargs: dict | None = None
+    """vLLM's: extra variables for the template (e.g. enable_thinking)."""
 
 
 class TokenizeRequest(RequestModel):
@@ -140,18 +159,42 @@ class ResponseModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class PromptTokenUsageInfo(ResponseModel):
+    cached_tokens: int | None = None
+    """Prompt tokens whose KV came from the prefix cache."""
+
+
 class UsageInfo(ResponseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    prompt_tokens_details: PromptTokenUsageInfo | None = None
+    """With --enable-prompt-tokens-details (vLLM's flag)."""
 
     @classmethod
-    def of(cls, num_prompt_tokens: int, num_completion_tokens: int) -> "UsageInfo":
+    def of(
+        cls, num_prompt_tokens: int, num_completion_tokens: int, num_cached_tokens: int | None = None
+    ) -> "UsageInfo":
+        """`num_cached_tokens`: None leaves out prompt_tokens_details."""
+        details = None if num_cached_tokens is None else PromptTokenUsageInfo(cached_tokens=num_cached_tokens)
         return cls(
             prompt_tokens=num_prompt_tokens,
             completion_tokens=num_completion_tokens,
             total_tokens=num_prompt_tokens + num_completion_tokens,
+            prompt_tokens_details=details,
         )
+
+
+class PromptLogprob(ResponseModel):
+    """vLLM's `Logprob` in a response's `prompt_logprobs`."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+PromptLogprobs = list[dict[int, PromptLogprob] | None]
+"""Per prompt token, its candidates by token id (None for the first token)."""
 
 
 class CompletionLogProbs(ResponseModel):
@@ -169,6 +212,9 @@ class CompletionResponseChoice(ResponseModel):
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None
+    prompt_logprobs: PromptLogprobs | None = None
+    prompt_token_ids: list[int] | None = None
 
 
 class CompletionResponse(ResponseModel):
@@ -205,6 +251,7 @@ class ChatCompletionResponseChoice(ResponseModel):
     logprobs: ChatChoiceLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None
 
 
 class ChatCompletionResponse(ResponseModel):
@@ -214,6 +261,8 @@ class ChatCompletionResponse(ResponseModel):
     model: str
     choices: list[ChatCompletionResponseChoice]
     usage: UsageInfo
+    prompt_logprobs: PromptLogprobs | None = None
+    prompt_token_ids: list[int] | None = None
 
 
 class DeltaMessage(ResponseModel):
@@ -233,6 +282,7 @@ class ChatCompletionStreamChoice(ResponseModel):
     logprobs: ChatChoiceLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None
 
 
 class ChatCompletionStreamResponse(ResponseModel):
@@ -242,6 +292,7 @@ class ChatCompletionStreamResponse(ResponseModel):
     model: str
     choices: list[ChatCompletionStreamChoice]
     usage: UsageInfo | None = None
+    prompt_token_ids: list[int] | None = None
 
 
 class ModelCard(ResponseModel):

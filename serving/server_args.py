@@ -30,6 +30,18 @@ class ServerArgs:
     chat_template: str | None = _field(
         None, "Chat template (a file or the Jinja text); the tokenizer's when not given."
     )
+    trust_request_chat_template: bool = _field(
+        False, "Render a request's own chat_template (vLLM's flag); refused with a 400 otherwise.", action="store_true"
+    )
+    enable_prompt_tokens_details: bool = _field(
+        False, "Report usage.prompt_tokens_details.cached_tokens (vLLM's flag).", action="store_true"
+    )
+    enable_tokenizer_info_endpoint: bool = _field(
+        False, "Serve GET /tokenizer_info, the tokenizer's config and chat template (vLLM's flag).", action="store_true"
+    )
+    enable_server_load_tracking: bool = _field(
+        False, "Count the requests in flight for GET /load (vLLM's flag; 0 otherwise).", action="store_true"
+    )
     shutdown_timeout: float = _field(30.0, "Seconds SIGTERM waits for in-flight requests before stopping.")
     max_request_body_bytes: int = _field(16 * 1024 * 1024, "Largest request body; larger ones get a 400.")
     max_header_bytes: int = _field(16 * 1024, "Largest total size of a request's headers; larger ones get a 400.")

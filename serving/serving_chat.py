@@ -12,6 +12,7 @@ from collections.abc import AsyncGenerator
 
 from serving.chat_utils import to_text
 from serving.errors import OpenAIError
+from serving.logprobs_format import make_chat_logprobs, to_prompt_logprobs
 from serving.protocol import (
     ChatChoiceLogprobs,
     ChatCompletionRequest,
@@ -20,8 +21,6 @@ from serving.protocol import (
     ChatCompletionStreamChoice,
     ChatCompletionStreamResponse,
     ChatMessageOut,
-    ChatTokenLogprob,
-    ChatTopLogprob,
     DeltaMessage,
     UsageInfo,
     random_id,
@@ -29,33 +28,6 @@ from serving.protocol import (
 from serving.serving_engine import OpenAIServing, merge_streams
 from serving.sse import DONE_EVENT, EventStreamResponse, error_event, sse_event
 from vjx.outputs import CompletionOutput
-
-
-def make_chat_logprobs(token_ids: list[int], logprobs: list, num_top: int) -> ChatChoiceLogprobs:
-    """Each token's logprob and its `num_top` best candidates, in the chat format."""
-    content = []
-    for token_id, position in zip(token_ids, logprobs):
-        chosen = position[token_id] if token_id in position else next(iter(position.values()))
-        token = chosen.decoded_token or ""
-        candidates = sorted(
-            (lp for lp in position.values() if lp.rank is not None and lp.rank <= num_top), key=lambda lp: lp.rank
-        )
-        content.append(
-            ChatTokenLogprob(
-                token=token,
-                logprob=chosen.logprob,
-                bytes=list(token.encode("utf-8")),
-                top_logprobs=[
-                    ChatTopLogprob(
-                        token=lp.decoded_token or "",
-                        logprob=lp.logprob,
-                        bytes=list((lp.decoded_token or "").encode("utf-8")),
-                    )
-                    for lp in candidates[:num_top]
-                ],
-            )
-        )
-    return ChatChoiceLogprobs(content=content)
 
 
 class OpenAIServingChat(OpenAIServing):
@@ -70,24 +42,39 @@ class OpenAIServingChat(OpenAIServing):
         num_logprobs = (request.top_logprobs or 0) if request.logprobs else None
         self.check_logprobs(num_logprobs, "top_logprobs")
         self.check_logprobs(request.prompt_logprobs, "prompt_logprobs")
-        text = await self.render_chat(request.messages, request.add_generation_prompt, request.continue_final_message)
-        prompt = await self.tokenize(text, request.add_special_tokens, request.truncate_prompt_tokens, "messages")
+        text = await self.render_chat(
+            request.messages,
+            request.add_generation_prompt,
+            request.continue_final_message,
+            request.chat_template,
+            request.chat_template_kwargs,
+        )
+        prompt = await self.tokenize(text, request.add_special_tokens, request, "messages")
         if request.max_completion_tokens is not None:
             max_tokens = self.check_lengths(len(prompt), request.max_completion_tokens, "max_completion_tokens")
         else:
             max_tokens = self.check_lengths(len(prompt), request.max_tokens, "max_tokens")
-        params = self.to_sampling_params(request, max_tokens, num_logprobs, request.prompt_logprobs)
+        prompt_logprobs = request.prompt_logprobs
+        if prompt_logprobs is None and request.echo:
+            prompt_logprobs = request.top_logprobs
+        params = self.make_params(request, max_tokens, num_logprobs, prompt_logprobs)
         request_id = request.request_id or random_id("chatcmpl")
         streams = await self.add_requests(request, [prompt], [params], request_id)
         if request.stream:
-            return EventStreamResponse(self._stream(request, request_id, len(prompt), streams), streams)
+            return EventStreamResponse(self._stream(request, request_id, prompt, streams), streams)
         return await self._full(request, request_id, len(prompt), streams)
 
     @staticmethod
-    def _echo_text(request: ChatCompletionRequest) -> str:
-        """What `echo` puts in front of each choice's content."""
+    def _role(request: ChatCompletionRequest) -> str:
+        """The reply's role (vLLM's): the assistant's, or without a generation prompt the last
+        message's."""
+        return "assistant" if request.add_generation_prompt else request.messages[-1].role
+
+    def _echo_text(self, request: ChatCompletionRequest) -> str:
+        """What `echo` puts in front of each choice's content: the last message's, when it is
+        the reply's role."""
         last = request.messages[-1]
-        if not request.echo or (request.add_generation_prompt and last.role != "assistant"):
+        if not request.echo or last.role != self._role(request):
             return ""
         return to_text(last.content)
 
@@ -95,7 +82,10 @@ class OpenAIServingChat(OpenAIServing):
         if not request.logprobs:
             return None
         return make_chat_logprobs(
-            list(completion.token_ids), list(completion.logprobs or []), request.top_logprobs or 0
+            list(completion.token_ids),
+            list(completion.logprobs or []),
+            request.top_logprobs or 0,
+            request.return_tokens_as_token_ids,
         )
 
     async def _full(
@@ -108,10 +98,11 @@ class OpenAIServingChat(OpenAIServing):
         choices = [
             ChatCompletionResponseChoice(
                 index=completion.index,
-                message=ChatMessageOut(content=echo + completion.text),
+                message=ChatMessageOut(role=self._role(request), content=echo + completion.text),
                 logprobs=self._logprobs(request, completion),
                 finish_reason=completion.finish_reason,
                 stop_reason=completion.stop_reason,
+                token_ids=list(completion.token_ids) if request.return_token_ids else None,
             )
             for completion in final.outputs
         ]
@@ -120,45 +111,71 @@ class OpenAIServingChat(OpenAIServing):
             id=request_id,
             model=self.models.model_name,
             choices=choices,
-            usage=UsageInfo.of(num_prompt_tokens, num_generated),
+            usage=self.usage(num_prompt_tokens, num_generated, [final]),
+            prompt_logprobs=to_prompt_logprobs(final.prompt_logprobs),
+            prompt_token_ids=list(final.prompt_token_ids) if request.return_token_ids else None,
         )
 
-    def _chunk(self, request_id: str, created: int, choice: ChatCompletionStreamChoice) -> str:
-        chunk = ChatCompletionStreamResponse(
-            id=request_id, created=created, model=self.models.model_name, choices=[choice]
+    def _chunk(
+        self, request_id: str, created: int, choice: ChatCompletionStreamChoice, **fields
+    ) -> ChatCompletionStreamResponse:
+        return ChatCompletionStreamResponse(
+            id=request_id, created=created, model=self.models.model_name, choices=[choice], **fields
         )
-        return sse_event(chunk.model_dump_json(exclude={"usage"}))
+
+    def _first_chunks(
+        self, request: ChatCompletionRequest, request_id: str, created: int, prompt: list[int]
+    ) -> list[ChatCompletionStreamResponse]:
+        """Each choice's first chunk: the role and the echo (and the prompt's ids, and the usage
+        so far, when asked for)."""
+        fields = {"prompt_token_ids": prompt if request.return_token_ids else None}
+        if request.include_continuous_usage:
+            fields["usage"] = UsageInfo.of(len(prompt), 0)
+        delta = DeltaMessage(role=self._role(request), content=self._echo_text(request))
+        return [
+            self._chunk(request_id, created, ChatCompletionStreamChoice(index=index, delta=delta), **fields)
+            for index in range(request.n)
+        ]
 
     async def _stream(
-        self, request: ChatCompletionRequest, request_id: str, num_prompt_tokens: int, streams
+        self, request: ChatCompletionRequest, request_id: str, prompt: list[int], streams
     ) -> AsyncGenerator[str, None]:
         created = int(time.time())
-        echo = self._echo_text(request)
-        for index in range(request.n):
-            delta = DeltaMessage(role="assistant", content=echo)
-            yield self._chunk(request_id, created, ChatCompletionStreamChoice(index=index, delta=delta))
-        num_generated = 0
+        for chunk in self._first_chunks(request, request_id, created, prompt):
+            yield _event(chunk)
+        num_generated = [0] * request.n
+        final = None
         try:
             async for _, output in merge_streams(streams):
+                final = output
                 for completion in output.outputs:
-                    num_generated += len(completion.token_ids)
+                    num_generated[completion.index] += len(completion.token_ids)
                     choice = ChatCompletionStreamChoice(
                         index=completion.index,
                         delta=DeltaMessage(content=completion.text),
                         logprobs=self._logprobs(request, completion),
                         finish_reason=completion.finish_reason,
                         stop_reason=completion.stop_reason,
+                        token_ids=list(completion.token_ids) if request.return_token_ids else None,
                     )
-                    yield self._chunk(request_id, created, choice)
+                    chunk = self._chunk(request_id, created, choice)
+                    if request.include_continuous_usage:
+                        chunk.usage = UsageInfo.of(len(prompt), num_generated[completion.index])
+                    yield _event(chunk)
             if request.include_usage:
                 chunk = ChatCompletionStreamResponse(
                     id=request_id,
                     created=created,
                     model=self.models.model_name,
                     choices=[],
-                    usage=UsageInfo.of(num_prompt_tokens, num_generated),
+                    usage=self.usage(len(prompt), sum(num_generated), [final] if final else []),
                 )
                 yield sse_event(chunk.model_dump_json())
         except Exception as e:  # noqa: BLE001 - reported to the client as an error event
             yield error_event(e, request_id)
         yield DONE_EVENT
+
+
+def _event(chunk: ChatCompletionStreamResponse) -> str:
+    """A chunk's event; the usage only when the chunk carries it."""
+    return sse_event(chunk.model_dump_json(exclude=None if chunk.usage is not None else {"usage"}))

@@ -1,16 +1,18 @@
 """OpenAIServingCompletion: `POST /v1/completions`, whole or streamed.
 
 A request may hold several prompts (texts or token-id lists), each run as its own engine
-request; choice `i * n + j` is completion j of prompt i. `echo` puts the prompt (and, with
-`logprobs`, its prompt logprobs) in front of each choice.
+request (or beam search); choice `i * n + j` is completion j of prompt i. `echo` puts the
+prompt (and, with `logprobs`, its prompt logprobs) in front of each choice; with
+`max_tokens=0` a choice is the prompt alone (scoring: the engine runs one token, dropped).
 """
 
+import dataclasses
 import time
 from collections.abc import AsyncGenerator
 
 from serving.errors import OpenAIError
+from serving.logprobs_format import make_completion_logprobs, to_prompt_logprobs
 from serving.protocol import (
-    CompletionLogProbs,
     CompletionRequest,
     CompletionResponse,
     CompletionResponseChoice,
@@ -20,36 +22,6 @@ from serving.protocol import (
 from serving.serving_engine import OpenAIServing, merge_streams
 from serving.sse import DONE_EVENT, EventStreamResponse, error_event, sse_event
 from vjx.outputs import CompletionOutput, RequestOutput
-
-
-def make_completion_logprobs(
-    token_ids: list[int], logprobs: list, num_top: int, tokenizer, start_offset: int = 0
-) -> CompletionLogProbs:
-    """The legacy logprobs of some tokens: each position's chosen token (the first entry of
-    its dict), its logprob, its `num_top` best candidates plus itself, and text offsets.
-    A None position (the prompt's first token) has no logprob."""
-    out = CompletionLogProbs()
-    offset = start_offset
-    for token_id, position in zip(token_ids, logprobs):
-        if position is None:
-            token = tokenizer.decode([token_id])
-            out.token_logprobs.append(None)
-            out.top_logprobs.append(None)
-        else:
-            chosen = position[token_id] if token_id in position else next(iter(position.values()))
-            token = chosen.decoded_token or ""
-            top = {
-                lp.decoded_token or "": lp.logprob
-                for t, lp in position.items()
-                if lp.rank is not None and lp.rank <= num_top
-            }
-            top.setdefault(token, chosen.logprob)
-            out.token_logprobs.append(chosen.logprob)
-            out.top_logprobs.append(top)
-        out.tokens.append(token)
-        out.text_offset.append(offset)
-        offset += len(token)
-    return out
 
 
 class OpenAIServingCompletion(OpenAIServing):
@@ -68,18 +40,15 @@ class OpenAIServingCompletion(OpenAIServing):
         self.check_logprobs(request.logprobs, "logprobs")
         self.check_logprobs(request.prompt_logprobs, "prompt_logprobs")
         prompts = [
-            await self.tokenize(p, request.add_special_tokens, request.truncate_prompt_tokens)
-            for p in self._split_prompts(request.prompt)
+            await self.tokenize(p, request.add_special_tokens, request) for p in self._split_prompts(request.prompt)
         ]
         prompt_logprobs = request.logprobs if request.echo and request.logprobs is not None else None
         if request.prompt_logprobs is not None:
             prompt_logprobs = max(request.prompt_logprobs, prompt_logprobs or 0)
+        max_tokens = 1 if _is_scoring(request) else request.max_tokens
         params = [
-            self.to_sampling_params(
-                request,
-                self.check_lengths(len(ids), request.max_tokens, "max_tokens"),
-                request.logprobs,
-                prompt_logprobs,
+            self.make_params(
+                request, self.check_lengths(len(ids), max_tokens, "max_tokens"), request.logprobs, prompt_logprobs
             )
             for ids in prompts
         ]
@@ -128,13 +97,16 @@ class OpenAIServingCompletion(OpenAIServing):
             positions = (list(prefix_logprobs or [None] * len(prefix_ids)) if prefix_ids else []) + list(
                 completion.logprobs or []
             )
-            logprobs = make_completion_logprobs(token_ids, positions, request.logprobs, self.tokenizer, start_offset)
+            logprobs = make_completion_logprobs(
+                token_ids, positions, request.logprobs, self.tokenizer, start_offset, request.return_tokens_as_token_ids
+            )
         return CompletionResponseChoice(
             index=index,
             text=prefix_text + completion.text,
             logprobs=logprobs,
             finish_reason=completion.finish_reason,
             stop_reason=completion.stop_reason,
+            token_ids=list(completion.token_ids) if request.return_token_ids else None,
         )
 
     async def _full(
@@ -142,45 +114,62 @@ class OpenAIServingCompletion(OpenAIServing):
     ) -> CompletionResponse:
         finals: dict[int, RequestOutput] = {}
         async for prompt_index, output in merge_streams(streams):
-            finals[prompt_index] = output
+            finals[prompt_index] = _generated(request, output)
         choices = []
         for prompt_index in range(len(prompts)):
             output = finals[prompt_index]
             prefix = await self._echo_prefix(request, output)
             for completion in output.outputs:
-                choices.append(
-                    self._make_choice(request, prompt_index * request.n + completion.index, completion, prefix)
-                )
+                choice = self._make_choice(request, prompt_index * request.n + completion.index, completion, prefix)
+                choice.prompt_logprobs = to_prompt_logprobs(output.prompt_logprobs)
+                if request.return_token_ids:
+                    choice.prompt_token_ids = list(output.prompt_token_ids)
+                choices.append(choice)
         num_generated = sum(len(c.token_ids) for o in finals.values() for c in o.outputs)
         return CompletionResponse(
             id=request_id,
             model=self.models.model_name,
             choices=choices,
-            usage=UsageInfo.of(sum(len(p) for p in prompts), num_generated),
+            usage=self.usage(sum(len(p) for p in prompts), num_generated, list(finals.values())),
         )
 
     async def _stream(
         self, request: CompletionRequest, request_id: str, prompts: list[list[int]], streams
     ) -> AsyncGenerator[str, None]:
-        """One event per choice per engine output; then the usage event when asked for."""
+        """One event per choice per engine output (its first with the prompt's ids under
+        `return_token_ids`, each with the usage so far under `continuous_usage_stats`); then
+        the usage event when asked for."""
         created = int(time.time())
         offsets: dict[int, int] = {}
-        num_generated = 0
+        num_generated: dict[int, int] = {}
+        first_outputs: dict[int, RequestOutput] = {}
         try:
             async for prompt_index, output in merge_streams(streams):
+                output = _generated(request, output)
+                first_outputs.setdefault(prompt_index, output)
                 for completion in output.outputs:
                     index = prompt_index * request.n + completion.index
                     is_first = index not in offsets
                     prefix = await self._echo_prefix(request, output) if is_first else ("", [], None)
                     choice = self._make_choice(request, index, completion, prefix, offsets.get(index, 0))
+                    if is_first and request.return_token_ids:
+                        choice.prompt_token_ids = list(output.prompt_token_ids)
                     offsets[index] = offsets.get(index, 0) + len(choice.text)
-                    num_generated += len(completion.token_ids)
+                    num_generated[index] = num_generated.get(index, 0) + len(completion.token_ids)
                     chunk = CompletionResponse(
                         id=request_id, created=created, model=self.models.model_name, choices=[choice]
                     )
-                    yield sse_event(chunk.model_dump_json(exclude={"usage"}))
+                    if request.include_continuous_usage:
+                        chunk.usage = UsageInfo.of(len(prompts[prompt_index]), num_generated[index])
+                        yield sse_event(chunk.model_dump_json(exclude={"choices": {0: {"prompt_logprobs"}}}))
+                    else:
+                        yield sse_event(
+                            chunk.model_dump_json(exclude={"usage": True, "choices": {0: {"prompt_logprobs"}}})
+                        )
             if request.include_usage:
-                usage = UsageInfo.of(sum(len(p) for p in prompts), num_generated)
+                usage = self.usage(
+                    sum(len(p) for p in prompts), sum(num_generated.values()), list(first_outputs.values())
+                )
                 chunk = CompletionResponse(
                     id=request_id, created=created, model=self.models.model_name, choices=[], usage=usage
                 )
@@ -188,3 +177,18 @@ class OpenAIServingCompletion(OpenAIServing):
         except Exception as e:  # noqa: BLE001 - reported to the client as an error event
             yield error_event(e, request_id)
         yield DONE_EVENT
+
+
+def _is_scoring(request: CompletionRequest) -> bool:
+    """`echo` with `max_tokens=0`: the prompt's logprobs, no completion."""
+    return request.echo and request.max_tokens == 0
+
+
+def _generated(request: CompletionRequest, output: RequestOutput) -> RequestOutput:
+    """The output as the client sees it: a scoring request's completions hold no tokens."""
+    if not _is_scoring(request):
+        return output
+    empty = [
+        dataclasses.replace(c, text="", token_ids=[], logprobs=[], cumulative_logprob=None) for c in output.outputs
+    ]
+    return dataclasses.replace(output, outputs=empty)

@@ -9,12 +9,14 @@ mapping, and the engine call: refused with a 503 while the engine already holds
 import asyncio
 from collections.abc import AsyncGenerator
 
+from serving.beam_search_stream import BeamSearchStream
 from serving.chat_utils import apply_chat_template, conversation_size
 from serving.errors import OpenAIError
-from serving.protocol import SamplingRequest
+from serving.protocol import SamplingRequest, UsageInfo
 from serving.server_args import ServerArgs
 from serving.serving_models import OpenAIServingModels
 from serving.tokenizer_pool import TokenizerPool
+from vjx.beam_search import BeamSearchParams
 from vjx.config import ModelConfig
 from vjx.engine.async_llm import AsyncLLM, RequestOutputStream
 from vjx.engine.exceptions import EngineDeadError
@@ -50,16 +52,34 @@ class OpenAIServing:
         num_running = config.scheduler_config.max_num_seqs * config.parallel_config.data_parallel_size
         self.max_num_queued_reqs = server_args.queued_reqs_limit(num_running)
 
-    async def render_chat(self, messages, add_generation_prompt: bool, continue_final_message: bool = False) -> str:
-        """The chat through the chat template, in the tokenizer pool (a huge chat takes long)."""
+    async def render_chat(
+        self,
+        messages,
+        add_generation_prompt: bool,
+        continue_final_message: bool = False,
+        chat_template: str | None = None,
+        chat_template_kwargs: dict | None = None,
+    ) -> str:
+        """The chat through the chat template (the request's `chat_template`, else the
+        server's), in the tokenizer pool (a huge chat takes long). A request's own template,
+        also one inside `chat_template_kwargs`, needs --trust-request-chat-template (vLLM's)."""
+        requested = chat_template or (chat_template_kwargs or {}).get("chat_template")
+        if requested is not None and not self.server_args.trust_request_chat_template:
+            raise OpenAIError(
+                "Chat template is passed with request, but --trust-request-chat-template is not set. "
+                "Refused request with untrusted chat template.",
+                400,
+                "chat_template",
+            )
         return await self.tokenizer_pool.run(
             conversation_size(messages),
             apply_chat_template,
             self.tokenizer,
             messages,
-            self.chat_template,
+            requested or self.chat_template,
             add_generation_prompt,
             continue_final_message,
+            chat_template_kwargs,
         )
 
     def check_model(self, request) -> None:
@@ -69,7 +89,13 @@ class OpenAIServing:
 
     def check_limits(self, request: SamplingRequest) -> None:
         """The operator's limits on `n` and on the stop strings (--max-n, --max-stop-strings,
-        --max-stop-string-length)."""
+        --max-stop-string-length), and the field combinations vLLM refuses."""
+        if request.stream_options is not None and not request.stream:
+            raise OpenAIError("Stream options can only be defined when `stream=True`.", 400, "stream_options")
+        if request.stream and request.prompt_logprobs:
+            raise OpenAIError("`prompt_logprobs` are not available when `stream=True`.", 400, "prompt_logprobs")
+        if request.stream and request.use_beam_search:
+            raise OpenAIError("Streaming is not currently supported with beam search.", 400, "use_beam_search")
         args = self.server_args
         if request.n > args.max_n:
             raise OpenAIError(f"n must be at most {args.max_n} (the server's limit), got {request.n}.", 400, "n")
@@ -90,22 +116,20 @@ class OpenAIServing:
             )
 
     async def tokenize(
-        self,
-        prompt: str | list[int],
-        add_special_tokens: bool,
-        truncate_prompt_tokens: int | None = None,
-        param: str = "prompt",
+        self, prompt: str | list[int], add_special_tokens: bool, request: SamplingRequest, param: str = "prompt"
     ) -> list[int]:
-        """A prompt's token ids (its last `truncate_prompt_tokens` when set); an empty prompt
-        is a 400 (an empty text may still tokenize to a BOS)."""
+        """A prompt's token ids, cut to the request's `truncate_prompt_tokens` (its last ones,
+        or its first with `truncation_side="right"`); an empty prompt is a 400 (an empty text
+        may still tokenize to a BOS)."""
         if not prompt:
             raise OpenAIError(f"{param} must not be empty.", 400, param)
         if isinstance(prompt, str):
             token_ids = await self.tokenizer_pool.encode(prompt, add_special_tokens)
         else:
             token_ids = list(prompt)
-        if truncate_prompt_tokens is not None and truncate_prompt_tokens >= 1:
-            token_ids = token_ids[-truncate_prompt_tokens:]
+        num_kept = request.truncate_prompt_tokens
+        if num_kept is not None and num_kept >= 1:
+            token_ids = token_ids[:num_kept] if request.truncation_side == "right" else token_ids[-num_kept:]
         return token_ids
 
     def check_lengths(self, num_prompt_tokens: int, max_tokens: int | None, param: str) -> int:
@@ -183,14 +207,51 @@ class OpenAIServing:
         except ValueError as e:
             raise OpenAIError.from_value_error(e, set(type(request).model_fields)) from None
 
+    def to_beam_search_params(self, request: SamplingRequest, max_tokens: int) -> BeamSearchParams:
+        """vLLM's: `n` beams; an unset temperature is the generation config's, else 1."""
+        temperature = request.temperature
+        if temperature is None:
+            temperature = self.default_sampling_params.get("temperature", 1.0)
+        try:
+            return BeamSearchParams(
+                beam_width=request.n,
+                max_tokens=max_tokens,
+                ignore_eos=request.ignore_eos,
+                temperature=temperature,
+                length_penalty=request.length_penalty,
+                include_stop_str_in_output=request.include_stop_str_in_output,
+            )
+        except ValueError as e:
+            raise OpenAIError.from_value_error(e, set(type(request).model_fields)) from None
+
+    def make_params(
+        self, request: SamplingRequest, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None
+    ) -> SamplingParams | BeamSearchParams:
+        """The engine parameters of one prompt: a beam search's with `use_beam_search`."""
+        if request.use_beam_search:
+            return self.to_beam_search_params(request, max_tokens)
+        return self.to_sampling_params(request, max_tokens, logprobs, prompt_logprobs)
+
+    def usage(self, num_prompt_tokens: int, num_generated: int, outputs: list) -> UsageInfo:
+        """The usage of `outputs`; with --enable-prompt-tokens-details their cached tokens."""
+        num_cached = None
+        if self.server_args.enable_prompt_tokens_details:
+            num_cached = sum(output.num_cached_tokens or 0 for output in outputs)
+        return UsageInfo.of(num_prompt_tokens, num_generated, num_cached)
+
     @staticmethod
     def _logit_bias(logit_bias: dict[str, float] | None) -> dict[int, float] | None:
         if logit_bias is None:
             return None
+        bad_keys = [token for token in logit_bias if not token.strip().lstrip("-").isdigit()]
+        if bad_keys:
+            raise OpenAIError(
+                f"logit_bias contains key(s) that cannot be converted to integer token IDs: {bad_keys!r}.",
+                400,
+                "logit_bias",
+            )
         bias = {}
         for token, value in logit_bias.items():
-            if not token.strip().lstrip("-").isdigit():
-                raise OpenAIError(f"logit_bias keys must be token ids, got {token!r}.", 400, "logit_bias")
             if not -_LOGIT_BIAS_LIMIT <= value <= _LOGIT_BIAS_LIMIT:
                 raise OpenAIError(
                     f"logit_bias values must be in [-100, 100], got {value} for token {token}.", 400, "logit_bias"
@@ -199,20 +260,27 @@ class OpenAIServing:
         return bias
 
     async def add_requests(
-        self, request: SamplingRequest, prompts: list[list[int]], params: list[SamplingParams], request_id: str
-    ) -> list[RequestOutputStream]:
-        """Adds one engine request per prompt (ids `{request_id}-{i}`, or `request_id` for one);
-        the engine's checks (token ids out of the vocabulary, too many bad words, ...) become
-        400s before anything runs."""
+        self,
+        request: SamplingRequest,
+        prompts: list[list[int]],
+        params: list[SamplingParams | BeamSearchParams],
+        request_id: str,
+    ) -> list[RequestOutputStream | BeamSearchStream]:
+        """Adds one engine request per prompt (ids `{request_id}-{i}`, or `request_id` for one),
+        or one beam search; the engine's checks (token ids out of the vocabulary, too many
+        bad words, ...) become 400s before anything runs."""
         await self.check_alive()
-        self.check_admission(sum(p.n for p in params))
-        streams: list[RequestOutputStream] = []
+        self.check_admission(sum(p.beam_width if isinstance(p, BeamSearchParams) else p.n for p in params))
+        streams: list[RequestOutputStream | BeamSearchStream] = []
         try:
             for i, (prompt_token_ids, prompt_params) in enumerate(zip(prompts, params)):
+                engine_id = request_id if len(prompts) == 1 else f"{request_id}-{i}"
+                if isinstance(prompt_params, BeamSearchParams):
+                    streams.append(BeamSearchStream(self.engine, engine_id, prompt_token_ids, prompt_params))
+                    continue
                 prompt = {"prompt_token_ids": prompt_token_ids}
                 if request.cache_salt is not None:
                     prompt["cache_salt"] = request.cache_salt
-                engine_id = request_id if len(prompts) == 1 else f"{request_id}-{i}"
                 streams.append(self.engine.add_request(engine_id, prompt, prompt_params, request.priority))
         except BaseException as e:
             for stream in streams:

@@ -1,4 +1,4 @@
-"""OpenAIServingModels: the names the server answers to, and `/v1/models`."""
+"""OpenAIServingModels: the names the server answers to, `/v1/models` and `/v1/models/{name}`."""
 
 import os
 import time
@@ -30,10 +30,11 @@ class OpenAIServingModels:
     def is_served(self, name: str) -> bool:
         return name in self.served_model_names
 
+    def model_card(self, name: str) -> ModelCard | None:
+        """`GET /v1/models/{name}`'s card; None for a name not served."""
+        if not self.is_served(name):
+            return None
+        return ModelCard(id=name, created=self.created, root=self.model_path, max_model_len=self.max_model_len)
+
     def list_models(self) -> ModelList:
-        return ModelList(
-            data=[
-                ModelCard(id=name, created=self.created, root=self.model_path, max_model_len=self.max_model_len)
-                for name in self.served_model_names
-            ]
-        )
+        return ModelList(data=[self.model_card(name) for name in self.served_model_names])

@@ -1,4 +1,5 @@
-"""OpenAIServingTokenization: vLLM's `POST /tokenize` and `POST /detokenize`.
+"""OpenAIServingTokenization: vLLM's `POST /tokenize`, `POST /detokenize` and
+`GET /tokenizer_info`.
 
 Neither checks max_model_len (as vLLM's): a 15 MB text is tokenized whole. So each
 response is built in the TokenizerPool, JSON included (serving/json_body.py), and the
@@ -45,6 +46,20 @@ class OpenAIServingTokenization(OpenAIServing):
             content["token_strs"] = self.tokenizer.convert_ids_to_tokens(token_ids)
         return dump_json(content)
 
+    def tokenizer_info(self) -> dict:
+        """vLLM's /tokenizer_info: the tokenizer's init arguments (tokenizer_config.json
+        without its file paths), its class, and the chat template the server uses."""
+        config = {
+            key: _jsonable(value)
+            for key, value in (getattr(self.tokenizer, "init_kwargs", None) or {}).items()
+            if key not in ("vocab_file", "merges_file")
+        }
+        config["tokenizer_class"] = type(self.tokenizer).__name__
+        chat_template = self.chat_template or getattr(self.tokenizer, "chat_template", None)
+        if chat_template:
+            config["chat_template"] = chat_template
+        return config
+
     async def create_detokenize(self, request: DetokenizeRequest) -> Response:
         self.check_model(request)
         body = await self.tokenizer_pool.run(len(request.tokens), self._detokenize_body, request.tokens)
@@ -59,3 +74,14 @@ class OpenAIServingTokenization(OpenAIServing):
                 "tokens",
             )
         return dump_json({"prompt": self.tokenizer_pool.decode_sync(token_ids)})
+
+
+def _jsonable(value):
+    """Init arguments as JSON: an AddedToken as its text, containers item by item."""
+    if hasattr(value, "content"):
+        return value.content
+    if isinstance(value, dict):
+        return {key: _jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(item) for item in value]
+    return value

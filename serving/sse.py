@@ -7,7 +7,7 @@ and so frees their KV blocks at once.
 """
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 
 from starlette.responses import Response
 
@@ -47,6 +47,8 @@ class EventStreamResponse(Response):
         when the response ends, even when `body` never started."""
         self.body_iterator = body
         self.streams = streams
+        self.on_close: list[Callable[[], None]] = []
+        """Called once the response has ended, however it ended."""
 
     async def __call__(self, scope, receive, send) -> None:
         stream = asyncio.ensure_future(self._stream(send))
@@ -60,6 +62,8 @@ class EventStreamResponse(Response):
             await self.body_iterator.aclose()
             for request_stream in self.streams:
                 await request_stream.aclose()
+            for callback in self.on_close:
+                callback()
 
     async def _stream(self, send) -> None:
         headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]

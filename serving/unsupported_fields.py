@@ -30,43 +30,23 @@ UNSUPPORTED_FIELDS: dict[str, tuple] = {
     "guided_whitespace_pattern": (None,),
     "structured_outputs": (None,),
     # Other ways to sample, or to build the prompt.
-    "use_beam_search": (None, False),
     "logits_processors": (None, []),
     "prediction": (None,),
     "reasoning_effort": (None,),
     "prompt_embeds": (None,),
-    "chat_template": (None,),
-    "chat_template_kwargs": (None, {}),
     # Other modalities.
     "audio": (None,),
     "modalities": (None, ["text"]),
-    # Other response shapes.
-    "stream_options.continuous_usage_stats": (None, False),
-    "return_tokens_as_token_ids": (None, False),
 }
-"""Dotted field path -> the values that change nothing."""
+"""Field -> the values that change nothing."""
 
 
 def check_supported_fields(request: BaseModel) -> None:
     """A 400 naming the first field of `UNSUPPORTED_FIELDS` the request sets to a value
     that would change the output."""
-    for path, harmless in UNSUPPORTED_FIELDS.items():
-        value = _field_value(request, path)
+    for name, harmless in UNSUPPORTED_FIELDS.items():
+        value = getattr(request, name) if name in type(request).model_fields else (request.model_extra or {}).get(name)
         if value not in harmless:
             accepted = ", ".join(json.dumps(v) for v in harmless if v is not None)
             hint = f"; it accepts only {accepted}" if accepted else ""
-            raise OpenAIError(f"{path} is not supported by this server yet{hint}.", 400, path)
-
-
-def _field_value(request: BaseModel, path: str):
-    """The value at `path` among the request's fields and the extra ones it keeps (None
-    when absent)."""
-    value = request
-    for name in path.split("."):
-        if not isinstance(value, BaseModel):
-            return None
-        if name in type(value).model_fields:
-            value = getattr(value, name)
-        else:
-            value = (value.model_extra or {}).get(name)
-    return value
+            raise OpenAIError(f"{name} is not supported by this server yet{hint}.", 400, name)

@@ -7,10 +7,13 @@ ending in EOS are set aside as completed (unless `ignore_eos`), and the best `be
 of the rest, by `get_beam_search_score`, are the next step's beams. After `max_tokens`
 steps the completed and live beams are ranked together and the best `beam_width` returned.
 The engine's prefix cache keeps each step cheap: a beam's full KV blocks are found cached.
+
+`BeamSearch` drives it through a blocking generate (`LLM.beam_search`), `AsyncBeamSearch`
+through an async one (the server's, over `AsyncLLM`); both share every step but the call.
 """
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from transformers import PreTrainedTokenizerBase
 
@@ -77,6 +80,8 @@ def get_beam_search_score(
 
 GenerateFn = Callable[[list[dict], SamplingParams], list[RequestOutput]]
 """Runs token prompts to completion and returns their outputs in order (`LLM.generate`)."""
+AsyncGenerateFn = Callable[[list[dict], SamplingParams], Awaitable[list[RequestOutput]]]
+"""The same, awaited (the server's, over `AsyncLLM`)."""
 
 
 @dataclasses.dataclass
@@ -88,40 +93,36 @@ class _Instance:
     completed: list[BeamSearchSequence] = dataclasses.field(default_factory=list)
 
 
-class BeamSearch:
-    """Runs beam searches through a generate function: the engine's API, nothing inside it."""
+class _BeamSearchSteps:
+    """The search without the engine call: the state of each prompt, the prompts a step
+    runs, and how its outputs extend the beams."""
 
-    def __init__(
-        self,
-        generate: GenerateFn,
-        tokenizer: PreTrainedTokenizerBase,
-        eos_token_id: int | None,
-        max_model_len: int,
-    ):
-        self.generate = generate
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, eos_token_id: int | None, max_model_len: int):
         self.tokenizer = tokenizer
         self.eos_token_id = eos_token_id
         self.max_model_len = max_model_len
 
-    def run(self, prompts: list, params: BeamSearchParams) -> list[BeamSearchOutput]:
-        """One output per prompt (a str, `{"prompt": str}` or `{"prompt_token_ids": ids}`)."""
-        instances = [self._new_instance(prompt) for prompt in prompts]
-        step_params = SamplingParams(logprobs=2 * params.beam_width, max_tokens=1, temperature=params.temperature)
-        for _ in range(params.max_tokens):
-            for instance in instances:
-                self._retire_full_beams(instance)
-            beams = [beam for instance in instances for beam in instance.beams]
-            if not beams:
-                break
-            outputs = iter(self.generate([{"prompt_token_ids": beam.tokens} for beam in beams], step_params))
-            for instance in instances:
-                candidates = [c for beam in instance.beams for c in self._extend(beam, next(outputs), params)]
-                instance.completed += [c for c in candidates if c.finish_reason is not None]
-                live = [c for c in candidates if c.finish_reason is None]
-                instance.beams = self._sorted(live, params)[: params.beam_width]
-        return [self._finish(instance, params) for instance in instances]
+    @staticmethod
+    def step_params(params: BeamSearchParams) -> SamplingParams:
+        """One token per beam, with its 2 * beam_width best candidates."""
+        return SamplingParams(logprobs=2 * params.beam_width, max_tokens=1, temperature=params.temperature)
 
-    def _new_instance(self, prompt) -> _Instance:
+    def step_prompts(self, instances: list[_Instance]) -> list[dict]:
+        """The token prompts of the live beams (empty when the search is over)."""
+        for instance in instances:
+            self._retire_full_beams(instance)
+        return [{"prompt_token_ids": beam.tokens} for instance in instances for beam in instance.beams]
+
+    def advance(self, instances: list[_Instance], outputs: list[RequestOutput], params: BeamSearchParams) -> None:
+        """Each instance's next beams from the step's outputs (in `step_prompts` order)."""
+        outputs_iter = iter(outputs)
+        for instance in instances:
+            candidates = [c for beam in instance.beams for c in self._extend(beam, next(outputs_iter), params)]
+            instance.completed += [c for c in candidates if c.finish_reason is not None]
+            live = [c for c in candidates if c.finish_reason is None]
+            instance.beams = self._sorted(live, params)[: params.beam_width]
+
+    def new_instance(self, prompt) -> _Instance:
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             token_ids = list(prompt["prompt_token_ids"])
         else:
@@ -165,7 +166,7 @@ class BeamSearch:
 
         return sorted(beams, key=score, reverse=True)
 
-    def _finish(self, instance: _Instance, params: BeamSearchParams) -> BeamSearchOutput:
+    def finish(self, instance: _Instance, params: BeamSearchParams) -> BeamSearchOutput:
         best = self._sorted(instance.completed + instance.beams, params)[: params.beam_width]
         for beam in best:
             output_ids = beam.tokens[instance.num_prompt_tokens :]
@@ -175,3 +176,47 @@ class BeamSearch:
                 output_ids = output_ids[:-1]
             beam.text = self.tokenizer.decode(output_ids)
         return BeamSearchOutput(sequences=best)
+
+
+class BeamSearch(_BeamSearchSteps):
+    """Runs beam searches through a generate function: the engine's API, nothing inside it."""
+
+    def __init__(
+        self, generate: GenerateFn, tokenizer: PreTrainedTokenizerBase, eos_token_id: int | None, max_model_len: int
+    ):
+        super().__init__(tokenizer, eos_token_id, max_model_len)
+        self.generate = generate
+
+    def run(self, prompts: list, params: BeamSearchParams) -> list[BeamSearchOutput]:
+        """One output per prompt (a str, `{"prompt": str}` or `{"prompt_token_ids": ids}`)."""
+        instances = [self.new_instance(prompt) for prompt in prompts]
+        for _ in range(params.max_tokens):
+            step_prompts = self.step_prompts(instances)
+            if not step_prompts:
+                break
+            self.advance(instances, self.generate(step_prompts, self.step_params(params)), params)
+        return [self.finish(instance, params) for instance in instances]
+
+
+class AsyncBeamSearch(_BeamSearchSteps):
+    """`BeamSearch` over an async generate function (the server's)."""
+
+    def __init__(
+        self,
+        generate: AsyncGenerateFn,
+        tokenizer: PreTrainedTokenizerBase,
+        eos_token_id: int | None,
+        max_model_len: int,
+    ):
+        super().__init__(tokenizer, eos_token_id, max_model_len)
+        self.generate = generate
+
+    async def run(self, prompts: list, params: BeamSearchParams) -> list[BeamSearchOutput]:
+        """One output per prompt, as `BeamSearch.run`."""
+        instances = [self.new_instance(prompt) for prompt in prompts]
+        for _ in range(params.max_tokens):
+            step_prompts = self.step_prompts(instances)
+            if not step_prompts:
+                break
+            self.advance(instances, await self.generate(step_prompts, self.step_params(params)), params)
+        return [self.finish(instance, params) for instance in instances]

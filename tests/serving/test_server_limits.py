@@ -95,26 +95,14 @@ UNHONOURED = {
     "guided_decoding_backend": "xgrammar",
     "guided_whitespace_pattern": " ",
     "structured_outputs": {"choice": ["yes", "no"]},
-    "use_beam_search": True,
     "logits_processors": ["my.module:Processor"],
     "prediction": {"type": "content", "content": "Hi"},
     "reasoning_effort": "low",
     "prompt_embeds": "AAAA",
-    "chat_template": "{{ messages[0].content }}",
-    "chat_template_kwargs": {"enable_thinking": False},
     "audio": {"voice": "alloy", "format": "wav"},
     "modalities": ["text", "audio"],
-    "stream_options.continuous_usage_stats": True,
-    "return_tokens_as_token_ids": True,
 }
 """A value of each unsupported field that would change the output."""
-
-
-def _with_field(body: dict, path: str, value) -> dict:
-    if "." not in path:
-        return {**body, path: value}
-    outer, inner = path.split(".")
-    return {**body, "stream": True, outer: {inner: value}}
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
@@ -122,7 +110,7 @@ def test_each_unhonoured_field_is_refused_by_name(server, path):
     assert set(UNHONOURED) == set(UNSUPPORTED_FIELDS)
     body = CHAT if path == "/v1/chat/completions" else COMPLETION
     for field, value in UNHONOURED.items():
-        error = _check_error(*server.request("POST", path, _with_field(body, field, value)), 400, field)
+        error = _check_error(*server.request("POST", path, {**body, field: value}), 400, field)
         assert error["message"].startswith(f"{field} is not supported by this server yet"), error
     tokenize = {"messages": CHAT["messages"], "tools": UNHONOURED["tools"]}
     _check_error(*server.request("POST", "/tokenize", tokenize), 400, "tools")
