@@ -144,7 +144,8 @@ class SamplingParams:
 
 def _clamped_logit_bias(logit_bias) -> dict[int, float] | None:
     """Token id -> bias, each bias clamped to [-100, 100] as vLLM does (after the check that
-    it is a finite number); the input processor checks the ids against the vocabulary."""
+    it is a finite number); the input processor checks the ids against the vocabulary. Keys
+    are ints, as vLLM's SamplingParams takes them (the server converts the JSON strings)."""
     if logit_bias is None:
         return None
     if not isinstance(logit_bias, dict):
@@ -152,7 +153,7 @@ def _clamped_logit_bias(logit_bias) -> dict[int, float] | None:
     clamped = {}
     for token, bias in logit_bias.items():
         try:
-            token_id = check_int("logit_bias", int(token) if isinstance(token, str) else token)
+            token_id = check_int("logit_bias", token)
         except ValueError:
             raise ValueError(f"logit_bias keys must be token ids, got {token!r}.") from None
         try:

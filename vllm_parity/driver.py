@@ -92,15 +92,19 @@ def sampling_params_case(m, llm, kwargs: dict) -> dict:
     return {"rejected_at": None, "error": None, "engine_broken": False}
 
 
-def sampling_params_table(m, module_name: str, llm, model: str):
-    """Check (c) over every case; returns the results and the (possibly rebuilt) engine."""
+def sampling_params_table(m, module_name: str, model: str, start: int) -> dict:
+    """Check (c) from case `start` on. A case that breaks the engine ends the run (a second
+    engine in one process is not something vLLM supports): `resume_at` says where the next
+    process goes on."""
+    llm = m.LLM(model=model, **engine_kwargs(module_name))
     results = {}
-    for name, kwargs in cases.CASES:
+    for index in range(start, len(cases.CASES)):
+        name, kwargs = cases.CASES[index]
         results[name] = sampling_params_case(m, llm, kwargs)
         if results[name]["engine_broken"]:
-            close(llm)
-            llm = m.LLM(model=model, **engine_kwargs(module_name))
-    return results, llm
+            return {"cases": results, "resume_at": index + 1}
+    close(llm)
+    return {"cases": results, "resume_at": None}
 
 
 def close(llm) -> None:
@@ -129,9 +133,6 @@ def run_main(m, module_name: str, model: str) -> dict:
     report = {"greedy": greedy(m, llm)}
     timings["greedy"] = time.perf_counter() - start
     start = time.perf_counter()
-    report["cases"], llm = sampling_params_table(m, module_name, llm, model)
-    timings["cases"] = time.perf_counter() - start
-    start = time.perf_counter()
     report["examples"] = {fn.__name__: run_example(fn, m, llm, model) for fn in examples.SHARED}
     timings["examples"] = time.perf_counter() - start
     report["timings"] = {k: round(v, 1) for k, v in timings.items()}
@@ -143,12 +144,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--module", choices=["vllm", "vjx"], required=True)
     parser.add_argument("--model", required=True)
-    parser.add_argument("--part", default="main")
+    parser.add_argument("--part", default="main", help="main, cases, or an example that builds its own engine")
+    parser.add_argument("--start-case", type=int, default=0, help="with --part cases: the first case to run")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     m = importlib.import_module(args.module)
     if args.part == "main":
         report = run_main(m, args.module, args.model)
+    elif args.part == "cases":
+        report = sampling_params_table(m, args.module, args.model, args.start_case)
     else:
         fn = {fn.__name__: fn for fn in examples.OWN_ENGINE}[args.part]
         report = {"examples": {fn.__name__: run_example(fn, m, args.model, engine_kwargs(args.module))}}

@@ -26,23 +26,35 @@ VLLM_ENV = {
 }
 
 
-def run_side(module: str, python: str, model: str, out_dir: Path) -> Path:
-    """Runs every part of one side; returns the merged report's path."""
+def run_part(module: str, python: str, model: str, part: list[str], out: Path, log) -> dict:
     env = {**os.environ, **VLLM_ENV} if module == "vllm" else {**os.environ, "PYTHONPATH": str(HERE.parent)}
-    parts = ["main", *(fn.__name__ for fn in examples.OWN_ENGINE)]
-    merged, log_path = {}, out_dir / f"{module}.log"
-    with open(log_path, "w") as log:
-        for part in parts:
-            out = out_dir / f"{module}_{part}.json"
-            start = time.perf_counter()
-            command = [python, str(HERE / "driver.py"), "--module", module, "--model", model, "--part", part]
-            proc = subprocess.run([*command, "--out", str(out)], env=env, stdout=log, stderr=subprocess.STDOUT)
-            print(f"{module} {part}: {time.perf_counter() - start:.0f}s (rc {proc.returncode})", flush=True)
-            if proc.returncode != 0:
-                sys.exit(f"{module} driver failed on part {part}; see {log_path}")
-            report = compare.load(out)
-            merged.setdefault("examples", {}).update(report.pop("examples"))
-            merged.update(report)
+    start = time.perf_counter()
+    command = [python, str(HERE / "driver.py"), "--module", module, "--model", model, "--part", *part]
+    proc = subprocess.run([*command, "--out", str(out)], env=env, stdout=log, stderr=subprocess.STDOUT)
+    print(f"{module} {' '.join(part)}: {time.perf_counter() - start:.0f}s (rc {proc.returncode})", flush=True)
+    if proc.returncode != 0:
+        sys.exit(f"{module} driver failed on part {part}; see {log.name}")
+    return compare.load(out)
+
+
+def run_side(module: str, python: str, model: str, out_dir: Path) -> Path:
+    """Runs every part of one side, each in a process of its own; returns the merged report's
+    path. The cases run in as many processes as it takes (a case that breaks the engine ends
+    one)."""
+    merged = {"cases": {}, "examples": {}}
+    with open(out_dir / f"{module}.log", "w") as log:
+        merged.update(run_part(module, python, model, ["main"], out_dir / f"{module}_main.json", log))
+        start, num_processes, cases_start = 0, 0, time.perf_counter()
+        while start is not None:
+            report = run_part(
+                module, python, model, ["cases", "--start-case", str(start)], out_dir / f"{module}_cases.json", log
+            )
+            merged["cases"].update(report["cases"])
+            start, num_processes = report["resume_at"], num_processes + 1
+        merged["timings"].update(cases=round(time.perf_counter() - cases_start, 1), case_processes=num_processes)
+        for fn in examples.OWN_ENGINE:
+            report = run_part(module, python, model, [fn.__name__], out_dir / f"{module}_{fn.__name__}.json", log)
+            merged["examples"].update(report["examples"])
     path = out_dir / f"{module}.json"
     compare.dump(merged, path)
     return path
