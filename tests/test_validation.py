@@ -97,6 +97,7 @@ def test_sampling_params_reads_values_as_vllm_does():
         ({"n": 2, "temperature": 0.0}, "n must be 1 when using greedy sampling (temperature=0), got n=2."),
         ({"logprobs": -1}, "logprobs=-1 (the whole vocabulary) is more than max_logprobs allows."),
         ({"prompt_logprobs": -2}, "prompt_logprobs must be in [0, 9223372036854775807], got -2."),
+        ({"stop": ""}, "stop cannot contain an empty string."),
         (
             {"repetition_penalty": float("inf")},
             "repetition_penalty must be a finite number in (0, 3.40282e+38], got inf.",

@@ -77,7 +77,7 @@ class SamplingParams:
     """Set by the engine's input processor: the token ids of each bad word."""
 
     def __post_init__(self) -> None:
-        self.stop = check_str_list("stop", self.stop or [])
+        self.stop = check_str_list("stop", [] if self.stop is None else self.stop)
         self.stop_token_ids = check_int_list("stop_token_ids", self.stop_token_ids or [], 0)
         self.bad_words = check_str_list("bad_words", self.bad_words or [])
         if self.allowed_token_ids is not None:

@@ -114,6 +114,10 @@ def compare_examples(ref: dict, got: dict) -> list[list[str]]:
     return rows
 
 
+def timings(report: dict) -> str:
+    return ", ".join(f"{key} {value}" for key, value in report.get("timings", {}).items())
+
+
 def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
     widths = [max(len(str(x)) for x in column) for column in zip(header, *rows)]
     print(f"\n{title}")
@@ -152,7 +156,8 @@ def main(vllm_path: str, vjx_path: str) -> int:
             f"{example_ok} same shape of {len(example_rows)}",
             "PASS" if example_ok == len(example_rows) else "FAIL",
         ],
-        ["time (s)", f"vLLM {ref.get('timings')}  vjx {got.get('timings')}", ""],
+        ["vLLM time (s)", timings(ref), ""],
+        ["vjx time (s)", timings(got), ""],
     ]
     print_table("Summary", ["check", "result", ""], summary)
     for failure in greedy["token_failures"]:

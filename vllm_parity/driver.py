@@ -118,7 +118,7 @@ def run_example(fn, *args) -> dict:
     start = time.perf_counter()
     try:
         result = {"ok": True, "shape": fn(*args)}
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # argparse exits on an unknown flag
         result = {"ok": False, "error": error_record(exc), "traceback": traceback.format_exc()[-1500:]}
     result["seconds"] = round(time.perf_counter() - start, 2)
     return result
