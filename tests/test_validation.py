@@ -82,10 +82,22 @@ def test_sampling_params_normalises_what_it_accepts():
     assert SamplingParams(top_k=INT64_MAX).top_k == INT64_MAX
 
 
+def test_sampling_params_reads_values_as_vllm_does():
+    """True logprobs means 1, seed -1 means no seed, a tiny temperature is raised to 0.01."""
+    params = SamplingParams(logprobs=True, prompt_logprobs=True, seed=-1, temperature=1e-3)
+    assert (params.logprobs, params.prompt_logprobs, params.seed, params.temperature) == (1, 1, None, 0.01)
+    assert SamplingParams(temperature=2.0, n=2).temperature == 2.0
+
+
 @pytest.mark.parametrize(
     "fields, message",
     [
-        ({"temperature": float("nan")}, "temperature must be a finite number in [0, 3.40282e+38], got nan."),
+        ({"temperature": float("nan")}, "temperature must be a finite number in [0, 2], got nan."),
+        ({"temperature": 2.5}, "temperature must be a finite number in [0, 2], got 2.5."),
+        ({"n": 2, "temperature": 0.0}, "n must be 1 when using greedy sampling (temperature=0), got n=2."),
+        ({"logprobs": -1}, "logprobs=-1 (the whole vocabulary) is more than max_logprobs allows."),
+        ({"prompt_logprobs": -2}, "prompt_logprobs must be in [0, 9223372036854775807], got -2."),
+        ({"stop": ""}, "stop cannot contain an empty string."),
         (
             {"repetition_penalty": float("inf")},
             "repetition_penalty must be a finite number in (0, 3.40282e+38], got inf.",

@@ -6,6 +6,10 @@ import enum
 from vjx.validation import check_bool, check_float, check_int, check_int_list, check_str_list
 
 _SAMPLING_EPS = 1e-5
+_MIN_TEMPERATURE = 1e-2
+"""A temperature in (0, 0.01) is raised to this, as vLLM does: smaller ones overflow float32
+when the logits are divided by them."""
+_MAX_TEMPERATURE = 2.0
 _MAX_LOGIT_BIAS = 100.0
 MAX_N = 1024
 """Completions one request may ask for: each is a request of its own in the engine."""
@@ -73,7 +77,7 @@ class SamplingParams:
     """Set by the engine's input processor: the token ids of each bad word."""
 
     def __post_init__(self) -> None:
-        self.stop = check_str_list("stop", self.stop or [])
+        self.stop = check_str_list("stop", [] if self.stop is None else self.stop)
         self.stop_token_ids = check_int_list("stop_token_ids", self.stop_token_ids or [], 0)
         self.bad_words = check_str_list("bad_words", self.bad_words or [])
         if self.allowed_token_ids is not None:
@@ -92,7 +96,9 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             setattr(self, name, check_float(name, getattr(self, name), -2.0, 2.0))
         self.repetition_penalty = check_float("repetition_penalty", self.repetition_penalty, 0.0, low_open=True)
-        self.temperature = check_float("temperature", self.temperature, 0.0)
+        self.temperature = check_float("temperature", self.temperature, 0.0, _MAX_TEMPERATURE)
+        if 0.0 < self.temperature < _MIN_TEMPERATURE:
+            self.temperature = _MIN_TEMPERATURE
         self.top_p = check_float("top_p", self.top_p, 0.0, 1.0, low_open=True)
         # Any k >= the vocabulary keeps every token, as vLLM reads it.
         self.top_k = check_int("top_k", self.top_k, -1)
@@ -101,8 +107,12 @@ class SamplingParams:
         self.min_p = check_float("min_p", self.min_p, 0.0, 1.0)
         if self.seed is not None:
             self.seed = check_int("seed", self.seed)
+        if self.seed == -1:
+            self.seed = None  # vLLM's "no seed"
         if self.allowed_token_ids is not None and not self.allowed_token_ids:
             raise ValueError("allowed_token_ids must not be empty (None allows every token).")
+        if self.n > 1 and self.is_greedy:
+            raise ValueError(f"n must be 1 when using greedy sampling (temperature=0), got n={self.n}.")
 
     def _verify_stopping(self) -> None:
         if self.max_tokens is not None:
@@ -117,8 +127,13 @@ class SamplingParams:
 
     def _verify_outputs(self) -> None:
         for name in ("logprobs", "prompt_logprobs"):
-            if getattr(self, name) is not None:
-                setattr(self, name, check_int(name, getattr(self, name), 0))
+            value = getattr(self, name)
+            if value is True:
+                value = 1  # vLLM reads True as "the chosen token's logprob and 1 more".
+            if value == -1:
+                raise ValueError(f"{name}=-1 (the whole vocabulary) is more than max_logprobs allows.")
+            if value is not None:
+                setattr(self, name, check_int(name, value, 0))
         if self.truncate_prompt_tokens is not None:
             self.truncate_prompt_tokens = check_int("truncate_prompt_tokens", self.truncate_prompt_tokens, 1)
 
@@ -129,7 +144,8 @@ class SamplingParams:
 
 def _clamped_logit_bias(logit_bias) -> dict[int, float] | None:
     """Token id -> bias, each bias clamped to [-100, 100] as vLLM does (after the check that
-    it is a finite number); the input processor checks the ids against the vocabulary."""
+    it is a finite number); the input processor checks the ids against the vocabulary. Keys
+    are ints, as vLLM's SamplingParams takes them (the server converts the JSON strings)."""
     if logit_bias is None:
         return None
     if not isinstance(logit_bias, dict):
@@ -137,7 +153,7 @@ def _clamped_logit_bias(logit_bias) -> dict[int, float] | None:
     clamped = {}
     for token, bias in logit_bias.items():
         try:
-            token_id = check_int("logit_bias", int(token) if isinstance(token, str) else token)
+            token_id = check_int("logit_bias", token)
         except ValueError:
             raise ValueError(f"logit_bias keys must be token ids, got {token!r}.") from None
         try:

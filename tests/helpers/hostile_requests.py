@@ -32,13 +32,14 @@ SAMPLING_CASES = [
     ("40 stop ids under min_tokens", dict(stop_token_ids=MANY_STOP_IDS, min_tokens=3), 200, None, "ok"),
     ("seed of 2^63 - 1 with n=2", dict(seed=INT64_MAX, n=2), 200, None, "ok"),
     ("min_tokens equal to max_tokens", dict(min_tokens=4, stop_token_ids=MANY_STOP_IDS), 200, None, "ok"),
-    ("temperature 1e30", dict(temperature=1e30), 200, None, "ok"),
     ("repetition_penalty 1e30", dict(repetition_penalty=1e30), 200, None, "ok"),
     ("logit_bias at the limits", dict(logit_bias={"5": 100, "6": -100}), 200, None, "ok"),
     # Not finite, or not finite as float32.
     ("temperature NaN", dict(temperature=NAN), 400, "temperature", "error"),
     ("temperature Infinity", dict(temperature=INF), 400, "temperature", "error"),
     ("temperature 1e308", dict(temperature=1e308), 400, "temperature", "error"),
+    # Past vLLM's range of [0, 2].
+    ("temperature 1e30", dict(temperature=1e30), 400, "temperature", "error"),
     ("repetition_penalty NaN", dict(repetition_penalty=NAN), 400, "repetition_penalty", "error"),
     ("repetition_penalty Infinity", dict(repetition_penalty=INF), 400, "repetition_penalty", "error"),
     ("top_p NaN", dict(top_p=NAN), 400, "top_p", "error"),
