@@ -77,6 +77,10 @@ class FakeEngineCore:
         for request_id in request_ids:
             self.running.pop(request_id, None)
 
+    def is_sleeping(self) -> bool:
+        """Never: it has no device memory to free."""
+        return False
+
     def get_output(self) -> EngineCoreOutputs:
         outputs = [self._step(request_id) for request_id in list(self.running)]
         return EngineCoreOutputs(outputs=outputs)
