@@ -191,6 +191,7 @@ def test_bad_engine_args_raise(kwargs, argument):
 def test_stats_are_logged_when_enabled(large_llm, caplog, monkeypatch):
     engine = large_llm.llm_engine
     monkeypatch.setattr(engine, "log_stats", True)
+    monkeypatch.setattr(engine, "stat_logger", engine._make_stat_logger())
     monkeypatch.setattr(engine, "_last_stats_time", float("-inf"))
     with caplog.at_level("INFO", logger="vjx.engine.llm_engine"):
         large_llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)
