@@ -78,7 +78,7 @@ SAMPLING_CASES = [
     ("guided_json", dict(guided_json={"type": "object"}), 400, "guided_json", None),
     ("tools", dict(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools", None),
     # Served from outside the engine, so only the server has it.
-    ("use_beam_search", dict(use_beam_search=True, n=2), 200, None, None),
+    ("use_beam_search", dict(use_beam_search=True, n=2, max_tokens=2), 200, None, None),
 ]
 
 
