@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers.large_engine import LARGE_ARGS, PROMPTS
 from tests.helpers.worker_rpc import model_class_name, worker_summary
-from vjx import LLM, SamplingParams
+from vjx import LLM, EngineArgs, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 SEED = 1234
@@ -87,10 +87,12 @@ def test_sleep_resets_the_prefix_cache(llm):
 
 
 def test_wake_up_by_tags(llm, reference):
+    engine_core = llm.llm_engine.engine_core.engine_core
     llm.sleep(level=1)
     assert llm.wake_up(tags=["weights"]) is False
-    assert llm.is_sleeping()
+    assert llm.is_sleeping() and engine_core.make_stats().sleep_level == 1
     assert llm.wake_up(tags=["kv_cache"]) is True
+    assert engine_core.make_stats().sleep_level is None
     assert _tokens(llm) == reference
 
 
@@ -152,11 +154,65 @@ def test_generate_passes_one_priority_per_prompt(llm, monkeypatch, reference):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"lora_request": object()}, {"tokenization_kwargs": {"truncation": True}}, {"mm_processor_kwargs": {"a": 1}}],
+    [{"lora_request": object()}, {"tokenization_kwargs": {"padding": True}}, {"mm_processor_kwargs": {"a": 1}}],
 )
 def test_unsupported_generate_keywords_raise_value_error(llm, kwargs):
-    with pytest.raises(ValueError, match=f"{next(iter(kwargs))} is not supported by vjx"):
+    with pytest.raises(ValueError, match=f"{next(iter(kwargs))}.* not supported by vjx"):
         llm.generate(PROMPTS[0], GREEDY, use_tqdm=False, **kwargs)
+    assert not llm.llm_engine.has_unfinished_requests()
+
+
+def test_tokenization_kwargs_reach_the_tokenizer(llm):
+    full = llm.get_tokenizer().encode(PROMPTS[1])
+    truncate = {"truncation": True, "max_length": 3}
+    (output,) = llm.generate(PROMPTS[1], GREEDY, use_tqdm=False, tokenization_kwargs=truncate)
+    assert output.prompt_token_ids == full[:3] and output.prompt == PROMPTS[1]
+    (tokens,) = llm.generate({"prompt_token_ids": full}, GREEDY, use_tqdm=False, tokenization_kwargs=truncate)
+    assert tokens.prompt_token_ids == full
+    conversation = [{"role": "user", "content": PROMPTS[1]}]
+    (chat,) = llm.chat(conversation, GREEDY, use_tqdm=False, tokenization_kwargs=truncate)
+    assert len(chat.prompt_token_ids) == 3
+
+
+def test_enqueue_then_wait_for_completion(llm, reference):
+    """vLLM's recipe: pause scheduling, queue everything, resume, wait; the outputs come in the
+    order the requests were added, and a later `generate` returns its own only."""
+    llm.sleep(level=0, mode="keep")
+    first = llm.enqueue(PROMPTS[:2], GREEDY, use_tqdm=False)
+    chat_ids = llm.enqueue_chat([{"role": "user", "content": PROMPTS[2]}], GREEDY, use_tqdm=False)
+    second = llm.enqueue(PROMPTS[2:4], GREEDY, use_tqdm=False)
+    assert len(llm.llm_engine.engine_core.engine_core.scheduler.waiting) == 5
+    with pytest.raises(RuntimeError, match="asleep"):
+        llm.wait_for_completion(use_tqdm=False)
+    assert llm.wake_up(tags=["scheduling"])
+    outputs = llm.wait_for_completion(use_tqdm=False)
+    assert [o.request_id for o in outputs] == first + chat_ids + second
+    assert [o.outputs[0].token_ids for o in outputs[:2] + outputs[3:]] == reference
+    assert llm.wait_for_completion(use_tqdm=False) == []
+    with pytest.raises(ValueError, match="output_type must include RequestOutput"):
+        llm.wait_for_completion(int)
+
+
+def test_generate_also_returns_requests_enqueued_before_it(llm, reference):
+    (queued,) = llm.enqueue(PROMPTS[0], GREEDY, use_tqdm=False)
+    outputs = llm.generate(PROMPTS[1], GREEDY, use_tqdm=False)
+    assert outputs[0].request_id == queued
+    assert [o.outputs[0].token_ids for o in outputs] == reference[:2]
+
+
+def test_world_size_and_from_engine_args(llm, monkeypatch):
+    assert llm.get_world_size() == llm.get_world_size(include_dp=False) == 1
+    seen = {}
+    monkeypatch.setattr(LLM, "__init__", lambda self, **kwargs: seen.update(kwargs))
+    engine_args = EngineArgs(max_model_len=128, enforce_eager=True)
+    LLM.from_engine_args(engine_args)
+    assert seen == vars(engine_args)
+
+
+@pytest.mark.parametrize("name", ["reset_running_requests", "reset_connector"])
+def test_reset_prefix_cache_refuses_what_vjx_lacks(llm, name):
+    with pytest.raises(ValueError, match=f"{name}=True is not supported by vjx"):
+        llm.reset_prefix_cache(**{name: True})
 
 
 def test_profile_writes_a_trace_directory(llm, tmp_path):

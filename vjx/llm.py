@@ -57,8 +57,18 @@ class LLM:
         """Stops the engine core process, if the engine runs one."""
         self.llm_engine.shutdown()
 
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> "LLM":
+        return cls(**vars(engine_args))
+
     def get_tokenizer(self):
         return self.llm_engine.get_tokenizer()
+
+    def get_world_size(self, include_dp: bool = True) -> int:
+        """Devices one replica spans (tensor parallel), times the replicas with `include_dp`."""
+        parallel_config = self.llm_engine.config.parallel_config
+        world_size = parallel_config.tensor_parallel_size
+        return world_size * parallel_config.data_parallel_size if include_dp else world_size
 
     def get_default_sampling_params(self) -> SamplingParams:
         """What `generate` and `chat` use without `sampling_params`: `SamplingParams()` with the
@@ -85,28 +95,67 @@ class LLM:
         A prompt is a string, `{"prompt": str}` or `{"prompt_token_ids": [int, ...]}`;
         `sampling_params=None` means `get_default_sampling_params()` for every prompt.
         `priority` (one int, or one per prompt) orders requests under
-        `scheduling_policy="priority"` (lower first). vjx has no LoRA, no multimodal inputs and
-        no tokenizer overrides: `lora_request`, `mm_processor_kwargs` and
-        `tokenization_kwargs` must be None. Raises RuntimeError while the engine sleeps.
+        `scheduling_policy="priority"` (lower first). `tokenization_kwargs` overrides
+        `tokenizer.encode`'s arguments for text prompts (`TOKENIZATION_KWARGS`). vjx has no
+        LoRA and no multimodal inputs: `lora_request` and `mm_processor_kwargs` must be None.
+        As in vLLM, requests queued earlier by `enqueue` finish here too and are returned with
+        these. Raises RuntimeError while the engine sleeps.
         """
-        _check_unsupported(lora_request=lora_request, tokenization_kwargs=tokenization_kwargs)
-        _check_unsupported(mm_processor_kwargs=mm_processor_kwargs)
+        self._check_awake()
+        self.enqueue(
+            prompts, sampling_params, lora_request, priority, use_tqdm, tokenization_kwargs, mm_processor_kwargs
+        )
+        return self.wait_for_completion(use_tqdm=use_tqdm)
+
+    def enqueue(
+        self,
+        prompts,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        lora_request=None,
+        priority: int | Sequence[int] | None = None,
+        use_tqdm: bool = True,
+        tokenization_kwargs: dict[str, Any] | None = None,
+        mm_processor_kwargs: dict[str, Any] | None = None,
+    ) -> list[str]:
+        """Adds `generate`'s requests without running the engine and returns their ids;
+        `wait_for_completion` runs them. Works while asleep at level 0 (`sleep(level=0)`
+        first guarantees every request is queued before any is scheduled)."""
+        _check_unsupported(lora_request=lora_request, mm_processor_kwargs=mm_processor_kwargs)
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
-        return self._generate(list(prompts), sampling_params, priority, use_tqdm)
+        prompts = list(prompts)
+        texts = [_prompt_text(prompt) for prompt in prompts]
+        if tokenization_kwargs:
+            encode_kwargs = _encode_kwargs(tokenization_kwargs, add_special_tokens=True)
+            tokenizer = self.get_tokenizer()
+            prompts = [
+                prompt if text is None else {"prompt_token_ids": tokenizer.encode(text, **encode_kwargs)}
+                for prompt, text in zip(prompts, texts)
+            ]
+        return self._enqueue(prompts, sampling_params, priority, texts)
 
-    def _generate(
-        self, prompts: list, sampling_params, priority, use_tqdm: bool, prompt_texts: list | None = None
-    ) -> list[RequestOutput]:
+    def wait_for_completion(self, output_type: type | tuple[type, ...] | None = None, *, use_tqdm: bool = True):
+        """Runs the engine until every queued request finishes; returns their outputs in the
+        order they were added. `output_type` is what the caller expects (vjx makes only
+        `RequestOutput`s). Raises RuntimeError while the engine sleeps."""
+        if output_type is not None and not issubclass(RequestOutput, output_type):
+            raise ValueError(
+                f"output_type must include RequestOutput (vjx has no pooling models), got {output_type!r}."
+            )
+        self._check_awake()
+        return self._run_engine(use_tqdm)
+
+    def _check_awake(self) -> None:
         if self.llm_engine.is_sleeping():
             raise RuntimeError("The engine is asleep: call wake_up() before generating.")
+
+    def _enqueue(self, prompts: list, sampling_params, priority, prompt_texts: list[str | None]) -> list[str]:
         params = self._params_per_prompt(len(prompts), sampling_params)
         priorities = _priority_per_prompt(len(prompts), priority)
         # Only the finished outputs are returned, as in vLLM: building the others would cost
         # per token (the caller's params are copied, not changed).
         params = [dataclasses.replace(sp, output_kind=RequestOutputKind.FINAL_ONLY) for sp in params]
-        request_ids = self._add_requests(prompts, params, priorities, prompt_texts or [None] * len(prompts))
-        return self._run_engine(request_ids, use_tqdm)
+        return self._add_requests(prompts, params, priorities, prompt_texts)
 
     def chat(
         self,
@@ -121,14 +170,50 @@ class LLM:
         continue_final_message: bool = False,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        tokenization_kwargs: dict[str, Any] | None = None,
         mm_processor_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """Generates replies to one conversation (a list of messages) or a list of them.
 
         Each conversation is rendered by the chat template (vjx/chat_utils.py) with `tools`
-        and `chat_template_kwargs`, then tokenized without special tokens; the outputs'
-        `prompt` is the rendered text.
+        and `chat_template_kwargs`, then tokenized without special tokens (unless
+        `tokenization_kwargs` says otherwise); the outputs' `prompt` is the rendered text.
         """
+        self._check_awake()
+        self.enqueue_chat(
+            messages,
+            sampling_params,
+            use_tqdm,
+            lora_request,
+            priority,
+            chat_template,
+            chat_template_content_format,
+            add_generation_prompt,
+            continue_final_message,
+            tools,
+            chat_template_kwargs,
+            tokenization_kwargs,
+            mm_processor_kwargs,
+        )
+        return self.wait_for_completion(use_tqdm=use_tqdm)
+
+    def enqueue_chat(
+        self,
+        messages,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        lora_request=None,
+        priority: int | Sequence[int] | None = None,
+        chat_template: str | None = None,
+        chat_template_content_format: str = "auto",
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        tokenization_kwargs: dict[str, Any] | None = None,
+        mm_processor_kwargs: dict[str, Any] | None = None,
+    ) -> list[str]:
+        """`chat`'s requests added without running the engine (see `enqueue`); returns their ids."""
         _check_unsupported(lora_request=lora_request, mm_processor_kwargs=mm_processor_kwargs)
         template_kwargs = {
             "add_generation_prompt": add_generation_prompt,
@@ -147,8 +232,9 @@ class LLM:
             )
             for conversation in chat_utils.to_conversations(messages)
         ]
-        prompts = [{"prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)} for text in texts]
-        return self._generate(prompts, sampling_params, priority, use_tqdm, texts)
+        encode_kwargs = _encode_kwargs(tokenization_kwargs or {}, add_special_tokens=False)
+        prompts = [{"prompt_token_ids": tokenizer.encode(text, **encode_kwargs)} for text in texts]
+        return self._enqueue(prompts, sampling_params, priority, texts)
 
     def beam_search(self, prompts, params: BeamSearchParams) -> list[BeamSearchOutput]:
         """Beam search over each prompt (vLLM's `LLM.beam_search`); outputs in prompt order.
@@ -168,8 +254,13 @@ class LLM:
         )
         return search.run(list(prompts), params)
 
-    def reset_prefix_cache(self) -> bool:
-        """Forgets every cached prefix block; False (nothing changed) while requests hold blocks."""
+    def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
+        """Forgets every cached prefix block; False (nothing changed) while requests hold
+        blocks. vjx neither preempts running requests for it nor has a KV connector: both
+        arguments must be False."""
+        for name, value in (("reset_running_requests", reset_running_requests), ("reset_connector", reset_connector)):
+            if value:
+                raise ValueError(f"{name}=True is not supported by vjx; pass False.")
         return self.llm_engine.reset_prefix_cache()
 
     def sleep(self, level: int = 1, mode: str = "abort") -> None:
@@ -252,9 +343,11 @@ class LLM:
             raise
         return request_ids
 
-    def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+    def _run_engine(self, use_tqdm: bool) -> list[RequestOutput]:
+        """Steps until no request is unfinished; the finished outputs in the order added."""
         finished: dict[str, RequestOutput] = {}
-        progress = tqdm(total=len(request_ids), desc="Processed prompts", disable=not use_tqdm)
+        total = self.llm_engine.get_num_unfinished_requests()
+        progress = tqdm(total=total, desc="Processed prompts", disable=not use_tqdm)
         num_output_tokens = 0
         with progress:
             while self.llm_engine.has_unfinished_requests():
@@ -266,13 +359,33 @@ class LLM:
                     progress.update(1)
                     elapsed = progress.format_dict["elapsed"] or 1e-9
                     progress.set_postfix_str(f"output: {num_output_tokens / elapsed:.1f} toks/s")
-        return [finished[request_id] for request_id in request_ids]
+        return sorted(finished.values(), key=lambda output: int(output.request_id))
 
     def get_metrics(self) -> list:
         """vLLM's `LLM.get_metrics()`: a snapshot of this engine's metrics as
         `vjx.metrics.reader` objects (Counter, Gauge, Histogram), named `vjx:...`. Needs
         `disable_log_stats=False`; raises ValueError otherwise."""
         return self.llm_engine.get_metrics()
+
+
+TOKENIZATION_KWARGS = ("add_special_tokens", "truncation", "max_length")
+"""The `tokenizer.encode` arguments `tokenization_kwargs` may set."""
+
+
+def _encode_kwargs(tokenization_kwargs: dict[str, Any], add_special_tokens: bool) -> dict[str, Any]:
+    unknown = sorted(set(tokenization_kwargs) - set(TOKENIZATION_KWARGS))
+    if unknown:
+        raise ValueError(f"tokenization_kwargs {unknown} are not supported by vjx; allowed: {TOKENIZATION_KWARGS}.")
+    return {"add_special_tokens": add_special_tokens, **tokenization_kwargs}
+
+
+def _prompt_text(prompt) -> str | None:
+    """A text prompt's text (`str` or `{"prompt": str}`); None for anything else."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, dict) and isinstance(prompt.get("prompt"), str):
+        return prompt["prompt"]
+    return None
 
 
 def _check_unsupported(**arguments) -> None:

@@ -75,3 +75,18 @@ def test_recorded_values_read_back_as_vllm_metric_objects():
     kv_computed = by_name["vllm:request_prefill_kv_computed_tokens", ()]
     assert (kv_computed.count, kv_computed.sum) == (2, 10.0)
     assert all(m.name.startswith("vllm:") for m in metrics)
+
+
+@pytest.mark.parametrize(
+    "level, states",
+    [(None, (1, 0, 0)), (0, (0, 0, 0)), (1, (0, 1, 0)), (2, (0, 0, 1))],
+)
+def test_the_sleep_gauges_follow_the_engines_sleep_level(level, states):
+    stat_logger = _logger("vllm")
+    stat_logger.record_scheduler_stats(SchedulerStats(0, 0, 0.0, sleep_level=level))
+    gauges = {
+        m.labels["sleep_state"]: m.value
+        for m in reader.get_metrics_snapshot(stat_logger.registry, "vllm:")
+        if m.name == "vllm:engine_sleep_state"
+    }
+    assert (gauges["awake"], gauges["weights_offloaded"], gauges["discard_all"]) == states

@@ -7,6 +7,7 @@ vocab-parallel embedding table is the LM head) and has attention biases.
 """
 
 import asyncio
+import dataclasses
 
 import jax
 import pytest
@@ -131,6 +132,9 @@ def test_merged_stats_add_counts_and_average_kv_usage():
     assert merged == SchedulerStats(
         3, 1, 0.375, num_steps=5, num_scheduled_tokens=48, num_prefix_queried_tokens=10, num_prefix_hit_tokens=4
     )
+    assert merge_stats([first, second]).sleep_level is None
+    asleep = [dataclasses.replace(first, sleep_level=level) for level in (0, 2)]
+    assert merge_stats([second, *asleep]).sleep_level == 2
 
 
 class _FakeGpu:

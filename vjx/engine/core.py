@@ -1,6 +1,7 @@
 """EngineCore: the hub of the engine. `step()` = schedule -> execute -> update."""
 
 import collections
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -33,6 +34,8 @@ class EngineCore:
 
     is_paused: bool = False
     """Asleep at any level (set by `sleep`): requests added meanwhile wait, none is scheduled."""
+    sleep_level: int = 0
+    """The level of the last `sleep` (what `make_stats` reports while asleep)."""
 
     def __init__(self, config: VjxConfig, executor_class: type[Executor] = UniProcExecutor):
         # Engines dropped since an earlier one started must free their memory before this
@@ -68,7 +71,8 @@ class EngineCore:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
 
     def make_stats(self) -> SchedulerStats:
-        return self.scheduler.make_stats()
+        stats = self.scheduler.make_stats()
+        return dataclasses.replace(stats, sleep_level=self.sleep_level if self.is_sleeping() else None)
 
     def has_work(self) -> bool:
         """Whether `step_fn` has anything to do: requests to run or to report finished, or a
@@ -97,6 +101,7 @@ class EngineCore:
         if mode == "abort":
             self._abort_all()
         self.is_paused = True
+        self.sleep_level = level
         if level == 0:
             return
         if not self.reset_prefix_cache():

@@ -37,9 +37,11 @@ START_TIMEOUT_S = 1800.0
 
 def merge_stats(stats: list[SchedulerStats]) -> SchedulerStats:
     """The replicas' stats as one engine's: counts add up, KV cache usage is the mean (every
-    replica has a pool of its own)."""
-    total = {f.name: sum(getattr(s, f.name) for s in stats) for f in dataclasses.fields(SchedulerStats)}
+    replica has a pool of its own), the sleep level the deepest any replica is in."""
+    counts = [f.name for f in dataclasses.fields(SchedulerStats) if f.name != "sleep_level"]
+    total = {name: sum(getattr(s, name) for s in stats) for name in counts}
     total["kv_cache_usage"] = total["kv_cache_usage"] / len(stats)
+    total["sleep_level"] = max((s.sleep_level for s in stats if s.sleep_level is not None), default=None)
     return SchedulerStats(**total)
 
 

@@ -148,9 +148,8 @@ class PrometheusStatLogger:
             "weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
             "sleep_state",
         )
-        # vjx has no sleep mode: the engine is always awake.
-        for state in _SLEEP_STATES:
-            sleep.labels(**self.label_values, sleep_state=state).set(1 if state == "awake" else 0)
+        self.sleep_states = {state: sleep.labels(**self.label_values, sleep_state=state) for state in _SLEEP_STATES}
+        self.record_sleep_state(None)
         self.kv_cache_usage = self._labelled(Gauge, "kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
 
     def log_cache_config(self, cache_config: CacheConfig, num_gpu_blocks: int) -> None:
@@ -175,6 +174,13 @@ class PrometheusStatLogger:
         self.counters["prefix_cache_queries"].inc(stats.num_prefix_queried_tokens)
         self.counters["prefix_cache_hits"].inc(stats.num_prefix_hit_tokens)
         self.cached_by_source["device"].inc(stats.num_prefix_hit_tokens)
+        self.record_sleep_state(stats.sleep_level)
+
+    def record_sleep_state(self, level: int | None) -> None:
+        """vLLM's sleep gauges: awake, or asleep with level 1 (weights offloaded) or 2 (all discarded)."""
+        self.sleep_states["awake"].set(level is None)
+        self.sleep_states["weights_offloaded"].set(level == 1)
+        self.sleep_states["discard_all"].set(level == 2)
 
     def record_iteration_stats(self, stats: IterationStats) -> None:
         counters, histograms = self.counters, self.histograms

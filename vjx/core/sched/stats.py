@@ -23,6 +23,8 @@ class SchedulerStats:
     num_prefix_queried_tokens: int = 0
     """Tokens of waiting requests looked up in the prefix cache (a lookup per admission try)."""
     num_prefix_hit_tokens: int = 0
+    sleep_level: int | None = None
+    """The engine's sleep level (`EngineCore.sleep`; 0 pauses scheduling only), None when awake."""
 
     @property
     def prefix_cache_hit_rate(self) -> float:
