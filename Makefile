@@ -20,10 +20,13 @@ serve: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/vjx generate --prompt "What is the capital of France? Answer in one sentence." --max-tokens 48 --chat
 
+# Two pytest processes share the cores (a test module stays in one, with its engine); the
+# modules marked `serial` time latencies, so they run afterwards with the machine to themselves.
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/python -m pytest -q tests
+	$(VENV)/bin/python -m pytest -q -n 2 --dist loadfile -m "not serial" tests
+	$(VENV)/bin/python -m pytest -q -m serial tests
 
 # vLLM itself, in a venv of its own (built once, then reused): `make test-vllm` checks vjx against it.
 VLLM_VENV ?= .venv-vllm

@@ -22,6 +22,8 @@ from serving.errors import ENGINE_DEAD_MESSAGE
 from serving.unsupported_fields import UNSUPPORTED_FIELDS
 from tests.helpers.remote_server import RemoteServer
 
+pytestmark = pytest.mark.serial
+
 MODEL = "SmolLM2-135M-Instruct"
 """The default served name of the embedded model."""
 MAX_TOKENS_LIMIT = 100
@@ -201,13 +203,28 @@ class HealthProber:
         assert worst < HEALTH_LATENCY_LIMIT_S, f"a probe took {worst * 1000:.0f} ms"
 
 
+def _send_while_probing(server: RemoteServer, send, min_probes: int):
+    """`send()`'s result, with /health probed meanwhile and every probe within the limit.
+
+    A stall the server causes (work on its event loop) shows up on every try; one a busy
+    2-core machine causes (another process's burst, 0.2-0.5 s on CI) seldom twice, so the
+    probes get a second try."""
+    for _ in range(2):
+        with HealthProber(server) as prober:
+            result = send()
+        if max(prober.latencies_s) < HEALTH_LATENCY_LIMIT_S:
+            break
+    prober.check(min_probes)
+    return result
+
+
 def test_health_answers_during_a_15mb_tokenize(server):
     num_sentences = 15_000_000 // len(SENTENCE)
     body = json.dumps({"prompt": SENTENCE * num_sentences}).encode()
-    with HealthProber(server) as prober:
-        status, response = server.request("POST", "/tokenize", body, timeout_s=300)
+    status, response = _send_while_probing(
+        server, lambda: server.request("POST", "/tokenize", body, timeout_s=300), min_probes=50
+    )
     assert status == 200
-    prober.check(min_probes=50)
     tokens = json.loads(response)
     assert tokens["count"] == len(tokens["tokens"]) == 10 * num_sentences + 1  # and the last space
     _, head = server.request("POST", "/tokenize", {"prompt": SENTENCE * 100})
@@ -217,10 +234,14 @@ def test_health_answers_during_a_15mb_tokenize(server):
 def test_health_answers_while_a_5mb_prompt_and_a_2mb_chat_are_refused(server):
     prompt = json.dumps({"prompt": SENTENCE * (5_000_000 // len(SENTENCE)), "max_tokens": 4}).encode()
     chat = json.dumps({"messages": [{"role": "user", "content": SENTENCE * (2_000_000 // len(SENTENCE))}]}).encode()
-    with HealthProber(server) as prober:
-        completion_error = server.request("POST", "/v1/completions", prompt, timeout_s=300)
-        chat_error = server.request("POST", "/v1/chat/completions", chat, timeout_s=300)
-    prober.check(min_probes=20)
+
+    def send():
+        return (
+            server.request("POST", "/v1/completions", prompt, timeout_s=300),
+            server.request("POST", "/v1/chat/completions", chat, timeout_s=300),
+        )
+
+    completion_error, chat_error = _send_while_probing(server, send, min_probes=20)
     assert "maximum context length is 256" in _check_error(*completion_error, 400, "prompt")["message"]
     _check_error(*chat_error, 400, "prompt")
 

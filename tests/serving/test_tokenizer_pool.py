@@ -17,6 +17,8 @@ from serving.tokenizer_pool import CHILD_MIN_CHARS, INLINE_MAX_SIZE, TokenizerPo
 from tests.helpers.tokenizer import make_tokenizer
 from vjx.models.default_model import get_default_model_path
 
+pytestmark = pytest.mark.serial
+
 TEXTS = [
     "",
     "Hello world",
