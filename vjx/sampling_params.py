@@ -29,6 +29,50 @@ _BOOLS = (
 )
 
 
+_CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+@dataclasses.dataclass
+class StructuredOutputsParams:
+    """What the output must match, as vLLM's: exactly one of `json` (a JSON schema, as a dict
+    or its text), `regex`, `choice` (one of these strings), `grammar` (Lark, or GBNF as
+    llama.cpp writes it), `json_object` (any JSON object) or `structural_tag` (llguidance's
+    structural tag JSON). The other fields shape the JSON grammar."""
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+    structural_tag: str | None = None
+
+    def __post_init__(self) -> None:
+        count = sum(getattr(self, name) is not None for name in _CONSTRAINTS)
+        if count != 1:
+            kind = "only one kind" if count > 1 else "one kind"
+            raise ValueError(
+                f"structured_outputs must use {kind} of constraint ({', '.join(_CONSTRAINTS)}), got "
+                f"{ {name: getattr(self, name) for name in _CONSTRAINTS if getattr(self, name) is not None} }."
+            )
+        for name in ("regex", "grammar", "structural_tag", "whitespace_pattern"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"structured_outputs.{name} must be a string, got {value!r}.")
+        if self.json is not None and not isinstance(self.json, (str, dict)):
+            raise ValueError(f"structured_outputs.json must be a JSON schema (a dict or its text), got {self.json!r}.")
+        if self.choice is not None:
+            self.choice = check_str_list("structured_outputs.choice", self.choice)
+            if not self.choice:
+                raise ValueError("structured_outputs.choice must hold at least one string.")
+        if self.json_object is not None:
+            check_bool("structured_outputs.json_object", self.json_object)
+        for name in ("disable_any_whitespace", "disable_additional_properties"):
+            check_bool(f"structured_outputs.{name}", getattr(self, name))
+
+
 class RequestOutputKind(enum.Enum):
     """What each `RequestOutput` of a request holds while it runs."""
 
@@ -73,6 +117,7 @@ class SamplingParams:
     bad_words: list[str] | None = None
     truncate_prompt_tokens: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    structured_outputs: StructuredOutputsParams | None = None
     bad_words_token_ids: list[list[int]] | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
     """Set by the engine's input processor: the token ids of each bad word."""
 
@@ -83,6 +128,10 @@ class SamplingParams:
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = check_int_list("allowed_token_ids", self.allowed_token_ids)
         self.logit_bias = _clamped_logit_bias(self.logit_bias)
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise ValueError(f"structured_outputs must be a StructuredOutputsParams, got {self.structured_outputs!r}.")
         if not isinstance(self.output_kind, RequestOutputKind):
             raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}.")
         for name in _BOOLS:

@@ -14,13 +14,6 @@ TIMEOUT_S = 120
 
 
 @pytest.fixture(scope="module")
-def loop():
-    event_loop = asyncio.new_event_loop()
-    yield event_loop
-    event_loop.close()
-
-
-@pytest.fixture(scope="module")
 def engine(loop):
     async_llm = AsyncLLM(EngineArgs(**LARGE_ARGS))
     yield async_llm

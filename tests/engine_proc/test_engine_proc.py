@@ -35,13 +35,6 @@ def _engine_children() -> list[multiprocessing.process.BaseProcess]:
 
 
 @pytest.fixture(scope="module")
-def loop():
-    event_loop = asyncio.new_event_loop()
-    yield event_loop
-    event_loop.close()
-
-
-@pytest.fixture(scope="module")
 def async_llm(loop):
     engine = AsyncLLM(EngineArgs(**LARGE_ARGS, async_scheduling=False))
     yield engine

@@ -29,13 +29,6 @@ CONTROL_PROMPT = list(range(4000, 4008))
 
 
 @pytest.fixture(scope="module")
-def loop():
-    event_loop = asyncio.new_event_loop()
-    yield event_loop
-    event_loop.close()
-
-
-@pytest.fixture(scope="module")
 def async_llm(loop):
     engine = AsyncLLM(EngineArgs(**LARGE_ARGS, async_scheduling=False))
     yield engine
