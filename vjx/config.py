@@ -118,6 +118,15 @@ class ParallelConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class StructuredOutputsConfig:
+    """How the engine core runs structured outputs (llguidance; vLLM's `structured_outputs_config`)."""
+
+    reasoning_parser: str = ""
+    """Name of the reasoning parser (vjx/reasoning): a constrained request's grammar starts
+    after its reasoning ends. "": none, the grammar starts with the first output token."""
+
+
+@dataclasses.dataclass(frozen=True)
 class VjxConfig:
     """Everything one engine needs to know, built once by `EngineArgs.create_engine_config`."""
 
@@ -129,6 +138,7 @@ class VjxConfig:
     """Name in the attention backend registry: "reference", "pallas_gpu" or "pallas_tpu"."""
     multiprocess: bool = False
     """`LLM` runs EngineCore in a child process (ZeroMQ) instead of in its own."""
+    structured_outputs_config: StructuredOutputsConfig = StructuredOutputsConfig()
     profile_host: bool = False
     """EngineCore times the host's part of every step and logs it (vjx/engine/step_profiler.py)."""
 

@@ -16,7 +16,7 @@ import jax
 import transformers
 
 from vjx.attention.backend import default_backend_name
-from vjx.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, VjxConfig
+from vjx.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, StructuredOutputsConfig, VjxConfig
 from vjx.engine.vllm_args import FLAG_ALIASES, SERVER, VLLM_ARG_BY_NAME, VllmCompatArgs, verify_vllm_args
 from vjx.models import hub
 from vjx.models.registry import verify_tensor_parallel
@@ -161,6 +161,11 @@ class EngineArgs(VllmCompatArgs):
         "own scheduler and KV cache; requests go to the least loaded one.",
     )
     load_format: str = _field("auto", f"How to read weights: one of {_LOAD_FORMATS}.")
+    reasoning_parser: str = _field(
+        "",
+        "Reasoning parser of the model's think blocks (e.g. deepseek_r1, qwen3): the server "
+        "returns the reasoning apart, and structured outputs constrain only what follows it.",
+    )
     max_logprobs: int = _field(20, "Most logprobs (and prompt logprobs) a request may ask for.")
     attention_backend: str | None = _field(None, "Attention backend name; the platform's default when None.")
     multiprocess: bool | None = _field(
@@ -232,6 +237,7 @@ class EngineArgs(VllmCompatArgs):
             parallel_config=parallel_config,
             attention_backend=self.attention_backend or default_backend_name(),
             multiprocess=self._multiprocess(),
+            structured_outputs_config=StructuredOutputsConfig(reasoning_parser=self.reasoning_parser),
             profile_host=self.profile_host,
         )
 

@@ -43,6 +43,12 @@ class _Scheduler:
         self.is_reset = True
         return True
 
+    def has_structured_output_requests(self, scheduler_output) -> bool:
+        return False
+
+    def get_grammar_bitmask(self, scheduler_output) -> None:
+        pass
+
 
 class _Executor:
     """Dispatches at once; the step's tokens take `_COLLECT_S` to arrive."""

@@ -32,6 +32,7 @@ def make_metadata(
     logit_bias=None,
     stop_token_ids=None,
     bad_words=None,
+    grammar_bans=None,
     **per_row,
 ):
     """Every processor off unless given; per-row fields broadcast to [num_rows]."""
@@ -45,6 +46,7 @@ def make_metadata(
         logit_bias=(logit_bias, (num_rows, vocab_size), 0.0, np.float32),
         stop_token_ids=(stop_token_ids, (num_rows, 1), -1, np.int32),
         bad_words=(bad_words, (num_rows, 1, 1), -1, np.int32),
+        grammar_bans=(grammar_bans, (num_rows, -(-vocab_size // 32)), 0, np.int32),
     )
     for name, (value, shape, fill, dtype) in arrays.items():
         fields[name] = jnp.asarray(np.full(shape, fill, dtype) if value is None else np.asarray(value, dtype))

@@ -44,6 +44,7 @@ def _device_fields(layout: StepLayout):
         logit_bias=jnp.zeros((sampling_rows, 8), jnp.float32),
         logit_bias_rows=jnp.zeros(sampling_rows, jnp.int32),
         bad_words=jnp.full((sampling_rows, 1, 1), -1, jnp.int32),
+        grammar_bans=jnp.zeros((sampling_rows, 1), jnp.int32),
     )
 
 

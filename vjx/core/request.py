@@ -1,10 +1,14 @@
 """The scheduler's view of one request: its tokens, its progress and its status."""
 
 import enum
+from typing import TYPE_CHECKING
 
 from vjx.core.kv_cache_utils import BlockHash
 from vjx.engine.messages import EngineCoreEvent, EngineCoreEventType, EngineCoreRequest, FinishReason
 from vjx.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from vjx.structured_output.request import StructuredOutputRequest
 
 
 class RequestStatus(enum.IntEnum):
@@ -81,6 +85,8 @@ class Request:
         self.block_hashes: list[BlockHash] = []
         self.events: list[EngineCoreEvent] = []
         """Scheduler events not yet sent with an output (for the front end's timing metrics)."""
+        self.structured_output_request: StructuredOutputRequest | None = None
+        """Its grammar, when its sampling params constrain the output (set by the engine core)."""
 
     @classmethod
     def from_engine_core_request(cls, request: EngineCoreRequest) -> "Request":

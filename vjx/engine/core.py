@@ -19,6 +19,7 @@ from vjx.engine.step_profiler import NullStepProfiler, StepProfiler
 from vjx.executor.abstract import Executor
 from vjx.executor.uniproc import UniProcExecutor
 from vjx.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
+from vjx.structured_output import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +51,11 @@ class EngineCore:
         self.num_gpu_blocks = kv_cache_config.num_blocks
         is_async = config.scheduler_config.async_scheduling
         scheduler_class = AsyncScheduler if is_async else Scheduler
+        self.structured_output_manager = StructuredOutputManager(config)
         # Before the warm-up: a pool too small for its groups is refused without compiling.
-        self.scheduler = scheduler_class(config.scheduler_config, config.cache_config, kv_cache_config)
+        self.scheduler = scheduler_class(
+            config.scheduler_config, config.cache_config, kv_cache_config, self.structured_output_manager
+        )
         start = time.perf_counter()
         self.model_executor.initialize_from_config(kv_cache_config)
         self.warmup_time = time.perf_counter() - start
@@ -146,6 +150,7 @@ class EngineCore:
 
     def shutdown(self) -> None:
         """Hands the start-up heap back to the collector unless other engines live; idempotent."""
+        self.structured_output_manager.shutdown()
         process_setup.engine_stopped(self)
 
     def step(self) -> EngineCoreOutputs:
@@ -163,11 +168,19 @@ class EngineCore:
         """
         if self._has_requests() and len(self.batch_queue) < _BATCH_QUEUE_SIZE:
             scheduler_output = self._schedule()
+            if self.batch_queue and self.scheduler.has_structured_output_requests(scheduler_output):
+                # Its grammar masks need the tokens of the step in flight: that step ends first.
+                outputs = self._finish_oldest()
+                self.batch_queue.append((scheduler_output, self._execute(scheduler_output)))
+                return outputs
             self.batch_queue.append((scheduler_output, self._execute(scheduler_output)))
             if len(self.batch_queue) < _BATCH_QUEUE_SIZE and scheduler_output.total_num_scheduled_tokens:
                 return EngineCoreOutputs()
         if not self.batch_queue:
             return EngineCoreOutputs()
+        return self._finish_oldest()
+
+    def _finish_oldest(self) -> EngineCoreOutputs:
         scheduler_output, future = self.batch_queue.popleft()
         return self._update(scheduler_output, self._collect(future))
 
@@ -178,8 +191,9 @@ class EngineCore:
             return self.scheduler.schedule()
 
     def _execute(self, scheduler_output: SchedulerOutput) -> AsyncModelRunnerOutput:
-        """Dispatches the step; its tokens come with `_collect`."""
+        """Dispatches the step (with its grammar masks); its tokens come with `_collect`."""
         with self.profiler.phase("execute"):
+            self.scheduler.get_grammar_bitmask(scheduler_output)
             return self.model_executor.execute_model(scheduler_output, non_block=True)
 
     def _collect(self, future: AsyncModelRunnerOutput) -> ModelRunnerOutput:

@@ -15,6 +15,7 @@ from vjx.config import ModelConfig
 from vjx.engine.messages import EngineCoreRequest
 from vjx.models.generation_config import extra_eos_token_ids
 from vjx.sampling_params import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS, SamplingParams
+from vjx.structured_output.backend_guidance import validate_structured_outputs
 from vjx.validation import check_int
 
 PromptType = str | dict[str, Any]
@@ -124,6 +125,8 @@ class InputProcessor:
                     f"{name}={value} is more than max_logprobs={self.max_logprobs} allows: "
                     f"ask for at most {self.max_logprobs}."
                 )
+        if params.structured_outputs is not None:
+            validate_structured_outputs(params.structured_outputs)
         bad_words_token_ids = self.tokenize_bad_words(params.bad_words)
         max_tokens = params.max_tokens
         if max_tokens is None:

@@ -53,7 +53,7 @@ _KV_TRANSFER = "KV transfer, KV events and weight transfer are not built yet"
 _SLEEP = "sleep mode is not built yet"
 _TRACING = "tracing and the torch profiler are not built yet (vjx has profile_host)"
 _METRICS = "these metrics are not built yet"
-_STRUCTURED = "structured outputs and reasoning parsers are not built yet"
+_STRUCTURED = "structured outputs run on llguidance with vLLM's defaults; this option is not built yet"
 _PLUGINS = "plugin classes (scheduler, worker, logits processors, platform config) are not built yet"
 _FAULT = "fault tolerance is not built yet"
 _NO_VLLM_ENV = "vjx reads no VLLM_* environment variables"
@@ -253,7 +253,7 @@ VLLM_ARGS: tuple[VllmArg, ...] = tuple(
         ("disable_hybrid_kv_cache_manager", None, "bool", UNSUPPORTED, "vjx always groups layers by KV spec"),
         ("structured_outputs_config", None, "json", UNSUPPORTED, _STRUCTURED),
         ("aux_output_config", None, "json", UNSUPPORTED, "auxiliary outputs are not built yet"),
-        ("reasoning_parser", "", "str", UNSUPPORTED, _STRUCTURED),
+        ("reasoning_parser", "", "str", VJX, ""),
         ("reasoning_parser_plugin", None, "str", UNSUPPORTED, _STRUCTURED),
         ("speculative_config", None, "json", UNSUPPORTED, _SPEC),
         ("spec_method", None, "str", UNSUPPORTED, _SPEC),

@@ -1,7 +1,8 @@
 """The sampling metadata of one step: per-row device arrays and static flags.
 
 Legend: R sampled rows (the request bucket `Rs` of the step), V vocab, L token history
-length, S stop tokens per row, B bad words per row, W tokens per bad word.
+length, S stop tokens per row, B bad words per row, W tokens per bad word, M = ceil(V / 32)
+grammar mask words.
 
 The model runner builds these arrays every step; every field keeps its shape and dtype from
 step to step, so only the static flags at the end select a compiled variant. Each logits
@@ -57,6 +58,10 @@ class SamplingMetadata:
     bad_words: Int[Array, "R B W"]
     """int32; a word's last token gets -inf when the word's other tokens are the row's last
     OUTPUT tokens (a one-token word is always banned), as vLLM decides."""
+
+    grammar_bans: Int[Array, "R M"]
+    """int32 [R, ceil(V / 32)]; bit v % 32 of word v // 32 set: the row's grammar does not
+    allow token v (structured outputs); a row without a grammar is all zeros."""
 
     # Static flags, set by the runner from what the batch's requests ask for (each is a
     # compiled variant). A False flag leaves its code out of the program; a True one keeps it

@@ -14,6 +14,7 @@ from jax import lax
 from jaxtyping import Array, Float, Int
 
 from vjx.sampling.bad_words import apply_bad_words, has_bad_words
+from vjx.sampling.grammar_bitmask import apply_grammar_bans, has_grammar_bans
 from vjx.sampling.logit_bias import apply_logit_bias, has_logit_bias
 from vjx.sampling.metadata import SamplingMetadata
 from vjx.sampling.min_tokens import apply_min_tokens, has_min_tokens
@@ -23,19 +24,22 @@ from vjx.sampling.top_k_top_p import FilterParams, filter_mask, filter_threshold
 _SAMPLING_EPS = 1e-5
 """Rows with a lower temperature are greedy, as `SamplingParams.is_greedy` decides."""
 _LOGITS_PROCESSORS = (
+    (has_grammar_bans, apply_grammar_bans),
     (has_logit_bias, apply_logit_bias),
     (has_bad_words, apply_bad_words),
     (has_min_tokens, apply_min_tokens),
     (has_penalties, apply_penalties),
 )
-"""(is used by some row, apply) in vLLM's order: the processors that can change the argmax."""
+"""(is used by some row, apply) in vLLM's order (the grammar's mask first): the processors
+that can change the argmax."""
 
 
 def sample(logits: Float[Array, "R V"], md: SamplingMetadata) -> Int[Array, " R"]:
     """Picks one int32 token per row.
 
     Pipeline, per row, in vLLM's order (each step a no-op for rows that do not use it):
-      a. logit bias and allowed tokens (one dense add), bad words, min_tokens masking
+      a. the grammar's mask (structured outputs: tokens it does not allow get -inf), logit
+         bias and allowed tokens (one dense add), bad words, min_tokens masking
          (EOS and stop tokens get -inf while the row is below min_tokens);
       b. penalties on the float32 logits: repetition (tokens of prompt or output), then
          frequency and presence (tokens of the output);

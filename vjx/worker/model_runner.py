@@ -81,9 +81,12 @@ class ModelRunner:
                 max_blocks,
                 config.model_config.max_logprobs,
                 self.num_kv_cache_groups,
+                num_bitmask_words=-(-config.model_config.hf_text_config.vocab_size // 32),
             )
             for t in token_buckets(sched.max_num_batched_tokens)
         }
+        self._no_grammar: dict[int, jax.Array] = {}
+        """Per request bucket, grammar bans of all zeros on the device (no row constrained)."""
         # Two host buffers per bucket, used in turn: the CPU backend may alias a numpy array
         # it was handed, so a buffer is refilled only after the step that read it finished
         # (EngineCore keeps at most two steps in flight).
@@ -142,7 +145,11 @@ class ModelRunner:
         rows, num_tokens = self._order_rows(scheduled)
         layout = self._layout_for(int(num_tokens.sum()))
         buffer, record = self._prepare_inputs(layout, rows, num_tokens)
-        step = self._compiled[layout.num_tokens, self._features(buffer.fields, rows, record)]
+        grammar_bans = self._grammar_bans(layout, scheduler_output, record.req_ids)
+        features = self._features(buffer.fields, rows, record)
+        if scheduler_output.grammar_bitmask is not None:
+            features = GENERAL
+        step = self._compiled[layout.num_tokens, features]
         with self.compile_watch:
             self.kv_caches, self.history, sampled, logprobs, prompt_logprobs = step(
                 self.param_leaves,
@@ -151,14 +158,29 @@ class ModelRunner:
                 self.slot_tables.arrays,
                 self._last_sampled,
                 self._to_device(buffer.data),
+                grammar_bans,
             )
         self._last_sampled = sampled
         self._sample_index_by_slot.fill(-1)
         self._sample_index_by_slot[rows[record.is_sampling]] = np.flatnonzero(record.is_sampling)
         return AsyncModelRunnerOutput(lambda: self._collect(record, sampled, logprobs, prompt_logprobs, failed))
 
+    def _grammar_bans(self, layout: StepLayout, so: SchedulerOutput, req_ids: list[str]) -> jax.Array:
+        """The complement of the step's grammar bitmask on the device (a set bit bans a
+        token), its rows in the step's row order (the scheduler's rows follow
+        `num_scheduled_tokens`); all zeros without a constrained row."""
+        if so.grammar_bitmask is None:
+            if layout.num_reqs not in self._no_grammar:
+                shape = (layout.num_reqs, layout.num_bitmask_words)
+                self._no_grammar[layout.num_reqs] = filled(shape, np.int32, 0, self.replicated)
+            return self._no_grammar[layout.num_reqs]
+        index = {req_id: i for i, req_id in enumerate(so.num_scheduled_tokens)}
+        bans = np.zeros((layout.num_reqs, layout.num_bitmask_words), np.int32)
+        bans[: len(req_ids)] = ~so.grammar_bitmask[[index[req_id] for req_id in req_ids]]
+        return jax.device_put(bans, self.replicated)
+
     def _to_device(self, packed: np.ndarray) -> jax.Array:
-        """The step's one host-to-device transfer."""
+        """The step's one host-to-device transfer (a second one carries grammar masks)."""
         return jax.device_put(packed, self.replicated)
 
     def _features(self, fields: dict[str, np.ndarray], rows: np.ndarray, record: StepRecord) -> StepFeatures:

@@ -1,6 +1,7 @@
 """The jitted model step and its AOT compilation.
 
-One step is `(param_leaves, kv_caches, history, slot_tables, prev_sampled, packed) ->
+One step is `(param_leaves, kv_caches, history, slot_tables, prev_sampled, packed,
+grammar_bans) ->
 (kv_caches, history, sampled, logprobs, prompt_logprobs)`. `kv_caches` and `history` (every slot's tokens so far,
 for penalties) are donated, so they are updated in place. `prev_sampled` is the previous
 step's output, still on the device: with async scheduling a step is planned before its
@@ -9,8 +10,8 @@ predecessor's tokens reach the host, and the tokens it needs are read from there
 step input table's (step_inputs.py).
 
 Legend: R rows, T tokens, D hidden, V vocab, K1 = max_logprobs + 1, N history rows (one per
-slot; a padding token's slot N writes nowhere), L max_model_len, M max_num_reqs, P the packed
-buffer's length.
+slot; a padding token's slot N writes nowhere), L max_model_len, MR max_num_reqs, P the packed
+buffer's length, M = ceil(V / 32) words of a row's grammar bans (all zeros: no grammar).
 """
 
 import functools
@@ -32,7 +33,11 @@ _PROMPT_LOGITS_CHUNK = 256
 
 
 def _sampling_metadata(
-    layout: StepLayout, f: dict[str, Array], history: Int[Array, "N L"], slot_tables: tuple[Array, Array]
+    layout: StepLayout,
+    f: dict[str, Array],
+    history: Int[Array, "N L"],
+    slot_tables: tuple[Array, Array],
+    grammar_bans: Int[Array, "R M"],
 ) -> SamplingMetadata:
     """The table's sampling fields, and those computed here. Sampled row i is attention row i
     (rows are in the same order); padding rows have no tokens, so no penalty touches them.
@@ -57,6 +62,7 @@ def _sampling_metadata(
         logit_bias=slot_bias,
         logit_bias_rows=f["sample_slots"],
         bad_words=bad_words,
+        grammar_bans=grammar_bans,
         may_filter=layout.features.may_filter,
         may_process=layout.features.may_process,
     )
@@ -121,13 +127,14 @@ def model_step(
     kv_caches: list[Array],
     history: Int[Array, "N L"],
     slot_tables: tuple[Array, Array],
-    prev_sampled: Int[Array, " M"],
+    prev_sampled: Int[Array, " MR"],
     packed: Int[Array, " P"],
+    grammar_bans: Int[Array, "R M"],
 ):
     """Forward the step's tokens, write their KV, and sample one token per row.
 
     Layer i attends with its KV cache group's metadata (`layer_group_ids[i]`). The sampled ids
-    are padded to M = max_num_reqs rows, so every variant returns (and takes back as
+    are padded to MR = max_num_reqs rows, so every variant returns (and takes back as
     `prev_sampled`) the same shape.
     """
     f = layout.unpack(packed)
@@ -139,7 +146,7 @@ def model_step(
     attn_metadata = [group_metadata[g] for g in layer_group_ids]
     hidden, kv_caches = model(input_ids, f["positions"], kv_caches, attn_metadata)
     logits = _logits(model, hidden[f["logits_indices"]])
-    sampled = sample(logits, _sampling_metadata(layout, f, history, slot_tables))
+    sampled = sample(logits, _sampling_metadata(layout, f, history, slot_tables, grammar_bans))
     logprobs = _sample_logprobs(layout, logits, sampled, f["num_logprobs"])
     prompt_logprobs = _prompt_logprobs(layout, model, hidden, f["prompt_logprobs_targets"])
     sampled = jnp.pad(sampled, (0, layout.max_num_reqs - layout.num_reqs))
@@ -169,12 +176,13 @@ def compile_step(
     state_shardings = jax.tree.map(lambda x: x.sharding, state)
     fn = jax.jit(
         functools.partial(model_step, layout, layer_group_ids, graphdef, treedef),
-        in_shardings=(*state_shardings, replicated, replicated),
+        in_shardings=(*state_shardings, replicated, replicated, replicated),
         out_shardings=(state_shardings[1], state_shardings[2], replicated, replicated, replicated),
         donate_argnums=(1, 2),
     )
     structs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
     prev_sampled = jax.ShapeDtypeStruct((layout.max_num_reqs,), jnp.int32, sharding=replicated)
     packed = jax.ShapeDtypeStruct((layout.size,), jnp.int32, sharding=replicated)
+    grammar_bans = jax.ShapeDtypeStruct((layout.num_reqs, layout.num_bitmask_words), jnp.int32, sharding=replicated)
     with jax.set_mesh(mesh):
-        return fn.lower(*structs, prev_sampled, packed).compile()
+        return fn.lower(*structs, prev_sampled, packed, grammar_bans).compile()

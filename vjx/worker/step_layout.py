@@ -67,6 +67,7 @@ class StepLayout:
     max_num_blocks_per_req: int  # W
     max_logprobs: int  # K: static width of the logprobs the step returns
     num_kv_cache_groups: int = 1  # G: one block table and slot mapping each
+    num_bitmask_words: int = 1  # M: int32 words of a row's grammar bitmask, ceil(V / 32)
     features: StepFeatures = GENERAL
     table: StepInputTable = dataclasses.field(default=STEP_INPUTS, repr=False, compare=False)
 

@@ -24,9 +24,13 @@ class AsyncScheduler(Scheduler):
     """The scheduler for `async_scheduling=True`."""
 
     def __init__(
-        self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, kv_cache_config: KVCacheConfig
+        self,
+        scheduler_config: SchedulerConfig,
+        cache_config: CacheConfig,
+        kv_cache_config: KVCacheConfig,
+        structured_output_manager=None,
     ) -> None:
-        super().__init__(scheduler_config, cache_config, kv_cache_config)
+        super().__init__(scheduler_config, cache_config, kv_cache_config, structured_output_manager)
         self.num_output_placeholders: dict[str, int] = {}
         """Per request, tokens sampled by steps in flight; absent means none."""
 

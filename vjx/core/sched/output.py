@@ -2,6 +2,8 @@
 
 import dataclasses
 
+import numpy as np
+
 from vjx.sampling_params import SamplingParams
 
 
@@ -44,3 +46,7 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int
     finished_req_ids: set[str]
     """Requests finished or aborted since the last step: the runner drops their state."""
+    grammar_bitmask: np.ndarray | None = None
+    """int32 [requests, ceil(V / 32)]: bit v of row i allows token v for the i-th request of
+    `num_scheduled_tokens`; None when no request of the step is constrained. Set by
+    `Scheduler.get_grammar_bitmask` just before the step is dispatched."""

@@ -1,7 +1,9 @@
 """The scheduler: which requests run each step, and how many tokens each computes."""
 
 import dataclasses
+import logging
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from vjx.config import CacheConfig, SchedulerConfig
 from vjx.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
@@ -13,6 +15,11 @@ from vjx.core.sched.utils import append_until_stop
 from vjx.engine.messages import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs, FinishReason
 from vjx.kv_cache_interface import KVCacheConfig
 from vjx.outputs import ModelRunnerOutput
+
+if TYPE_CHECKING:
+    from vjx.structured_output import StructuredOutputManager
+
+logger = logging.getLogger(__name__)
 
 
 def _verify_config(scheduler_config: SchedulerConfig, kv_cache_config: KVCacheConfig) -> None:
@@ -78,10 +85,19 @@ class Scheduler:
     """
 
     def __init__(
-        self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, kv_cache_config: KVCacheConfig
+        self,
+        scheduler_config: SchedulerConfig,
+        cache_config: CacheConfig,
+        kv_cache_config: KVCacheConfig,
+        structured_output_manager: "StructuredOutputManager | None" = None,
     ) -> None:
-        """`kv_cache_config`: the pool's size and the layer groups, as the worker built them."""
+        """`kv_cache_config`: the pool's size and the layer groups, as the worker built them.
+        `structured_output_manager`: the grammars of constrained requests (None: the
+        scheduler takes none)."""
         _verify_config(scheduler_config, kv_cache_config)
+        self.structured_output_manager = structured_output_manager
+        self._grammar_failures: set[str] = set()
+        """Waiting requests whose grammar did not compile: the next update fails them."""
         max_model_len = scheduler_config.max_model_len
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config
@@ -122,6 +138,10 @@ class Scheduler:
                 f"the prompt of request {request.request_id!r} has {request.num_prompt_tokens} "
                 f"tokens; it must have 1 to max_model_len={self.max_model_len}."
             )
+        if request.sampling_params.structured_outputs is not None:
+            if self.structured_output_manager is None:
+                raise ValueError(f"request {request.request_id!r} has structured_outputs; this scheduler takes none.")
+            self.structured_output_manager.grammar_init(request)
         self.waiting.add_request(request)
         self.requests[request.request_id] = request
         request.record_event(EngineCoreEventType.QUEUED)
@@ -211,11 +231,21 @@ class Scheduler:
         plan.preempted_reqs.append(request)
 
     def _schedule_waiting(self, plan: _StepPlan) -> None:
+        skipped: list[Request] = []
+        self._admit_waiting(plan, skipped)
+        # Requests whose grammar is still compiling keep their place at the front.
+        for request in reversed(skipped):
+            self.waiting.prepend_request(request)
+
+    def _admit_waiting(self, plan: _StepPlan, skipped: list[Request]) -> None:
         manager = self.kv_cache_manager
         while self.waiting and plan.token_budget > 0:
             if len(self.running) == self.max_num_running_reqs:
                 break
             request = self.waiting.peek_request()
+            if request.structured_output_request is not None and not self._is_grammar_ready(request):
+                skipped.append(self.waiting.pop_request())
+                continue
             computed_blocks, num_computed_tokens = manager.get_computed_blocks(request)
             num_new_tokens = self._num_new_tokens(request, num_computed_tokens)
             if num_new_tokens <= 0:
@@ -230,6 +260,15 @@ class Scheduler:
             self.waiting.pop_request()
             self._admit(request, num_computed_tokens, plan)
             plan.schedule(request, num_new_tokens, new_blocks)
+
+    def _is_grammar_ready(self, request: Request) -> bool:
+        """Whether the request's grammar compiled; one that failed is failed by the next update."""
+        if not self.structured_output_manager.is_ready(request):
+            return False
+        if self.structured_output_manager.compile_error(request) is None:
+            return True
+        self._grammar_failures.add(request.request_id)
+        return False
 
     def _admit(self, request: Request, num_computed_tokens: int, plan: _StepPlan) -> None:
         self.running.append(request)
@@ -302,7 +341,7 @@ class Scheduler:
         request that finished after this step was scheduled (aborted, or stopped by an
         earlier step under async scheduling) is gone, and its tokens are dropped.
         """
-        outputs = self._fail_requests(model_runner_output.failed_req_ids)
+        outputs = self._fail_requests(model_runner_output.failed_req_ids | self._take_grammar_failures())
         stopped_running_ids, stopped_waiting = set(), []
         requests = self.requests
         req_id_to_index = model_runner_output.req_id_to_index
@@ -320,6 +359,8 @@ class Scheduler:
             )
             if not new_token_ids:
                 continue
+            if request.structured_output_request is not None and not stopped:
+                stopped = self._advance_grammar(request, new_token_ids)
             finish_reason = None
             if stopped:
                 finish_reason = request.get_finished_reason()
@@ -348,6 +389,44 @@ class Scheduler:
         finished_requests = self._finished_req_ids_to_report
         self._finished_req_ids_to_report = set()
         return EngineCoreOutputs(outputs=outputs, finished_requests=finished_requests)
+
+    def _advance_grammar(self, request: Request, new_token_ids: list[int]) -> bool:
+        """Advances the request's grammar; a grammar that ended stops the request."""
+        if not self.structured_output_manager.accept_tokens(request, new_token_ids):
+            return False
+        request.status = RequestStatus.FINISHED_STOPPED
+        return True
+
+    def _take_grammar_failures(self) -> set[str]:
+        if not self._grammar_failures:
+            return set()
+        failures, self._grammar_failures = self._grammar_failures, set()
+        for req_id in failures:
+            logger.error(
+                "Request %s: its grammar did not compile: %s",
+                req_id,
+                self.structured_output_manager.compile_error(self.requests[req_id]),
+            )
+        return failures
+
+    def has_structured_output_requests(self, scheduler_output: SchedulerOutput) -> bool:
+        """Whether a constrained request runs in the step (its mask needs its latest token)."""
+        if self.structured_output_manager is None:
+            return False
+        requests = self.requests
+        return any(
+            req_id in requests and requests[req_id].structured_output_request is not None
+            for req_id in scheduler_output.num_scheduled_tokens
+        )
+
+    def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> None:
+        """Sets the step's grammar bitmask (one row per scheduled request, in the order of
+        `num_scheduled_tokens`) when some scheduled request is constrained: called right
+        before the step is dispatched, once every token its masks depend on is in."""
+        if self.structured_output_manager is None:
+            return
+        requests = [self.requests.get(req_id) for req_id in scheduler_output.num_scheduled_tokens]
+        scheduler_output.grammar_bitmask = self.structured_output_manager.grammar_bitmask(requests)
 
     def _fail_requests(self, request_ids: set[str]) -> list[EngineCoreOutput]:
         """Finishes the requests the runner could not run, each with an ERROR output."""
