@@ -30,6 +30,19 @@ class StreamOptions(RequestModel):
     """vLLM's: every chunk carries the usage so far (with `include_usage`)."""
 
 
+class JsonSchema(RequestModel):
+    name: str | None = None
+    description: str | None = None
+    json_schema: dict | bool | None = Field(None, alias="schema")
+    strict: bool | None = None
+    """Always honoured: the output follows the schema whatever `strict` says (as vLLM)."""
+
+
+class ResponseFormat(RequestModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
+
+
 class SamplingRequest(RequestModel):
     """The fields completions and chat completions share (OpenAI's, then vLLM's extras)."""
 
@@ -68,6 +81,10 @@ class SamplingRequest(RequestModel):
     """vLLM's: each choice carries its `token_ids` and the prompt's `prompt_token_ids`."""
     return_tokens_as_token_ids: bool = False
     """vLLM's: logprob tokens read "token_id:N" (for tokens that are not valid UTF-8 alone)."""
+    response_format: ResponseFormat | None = None
+    """OpenAI's: text, json_object or json_schema (serving/structured_outputs.py)."""
+    structured_outputs: dict | None = None
+    """vLLM's: `StructuredOutputsParams` fields (json, regex, choice, grammar, json_object, ...)."""
 
     @property
     def include_usage(self) -> bool:

@@ -15,6 +15,7 @@ from serving.errors import OpenAIError
 from serving.protocol import SamplingRequest, UsageInfo
 from serving.server_args import ServerArgs
 from serving.serving_models import OpenAIServingModels
+from serving.structured_outputs import structured_outputs_of
 from serving.tokenizer_pool import TokenizerPool
 from vjx.beam_search import BeamSearchParams
 from vjx.config import ModelConfig
@@ -201,6 +202,7 @@ class OpenAIServing:
                 allowed_token_ids=request.allowed_token_ids,
                 bad_words=request.bad_words,
                 truncate_prompt_tokens=request.truncate_prompt_tokens,
+                structured_outputs=structured_outputs_of(request.response_format, request.structured_outputs),
                 output_kind=RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY,
                 **{name: value for name, value in optional.items() if value is not None},
             )
@@ -229,6 +231,10 @@ class OpenAIServing:
     ) -> SamplingParams | BeamSearchParams:
         """The engine parameters of one prompt: a beam search's with `use_beam_search`."""
         if request.use_beam_search:
+            if request.structured_outputs is not None or (
+                request.response_format is not None and request.response_format.type != "text"
+            ):
+                raise OpenAIError("use_beam_search cannot follow structured outputs yet.", 400, "use_beam_search")
             return self.to_beam_search_params(request, max_tokens)
         return self.to_sampling_params(request, max_tokens, logprobs, prompt_logprobs)
 

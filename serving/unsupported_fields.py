@@ -20,15 +20,13 @@ UNSUPPORTED_FIELDS: dict[str, tuple] = {
     "functions": (None, []),
     "function_call": (None, "none"),
     "parallel_tool_calls": (None,),
-    # Structured output, OpenAI's and vLLM's.
-    "response_format": (None, {"type": "text"}),
+    # vLLM's old structured-output fields (vLLM now takes `structured_outputs`).
     "guided_json": (None,),
     "guided_regex": (None,),
     "guided_choice": (None,),
     "guided_grammar": (None,),
     "guided_decoding_backend": (None,),
     "guided_whitespace_pattern": (None,),
-    "structured_outputs": (None,),
     # Other ways to sample, or to build the prompt.
     "logits_processors": (None, []),
     "prediction": (None,),

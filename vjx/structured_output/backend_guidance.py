@@ -21,6 +21,10 @@ from vjx.sampling_params import StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
 
+_BOUNDED_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,32}"
+"""Whitespace between JSON tokens by default: enough for any pretty-printing, but a bounded
+run, so that a model cannot fill its budget with blank lines (llguidance's flexible
+whitespace, which vLLM uses, allows any run)."""
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SUBSCHEMAS = ("items", "prefixItems", "allOf", "anyOf", "oneOf", "not", "if", "then", "else", "contains")
 
@@ -50,6 +54,8 @@ def _json_grammar(schema: str | dict, params: StructuredOutputsParams) -> str:
     defaults = {"whitespace_flexible": not params.disable_any_whitespace}
     if params.whitespace_pattern is not None:
         defaults["whitespace_pattern"] = params.whitespace_pattern
+    elif not params.disable_any_whitespace:
+        defaults["whitespace_pattern"] = _BOUNDED_WHITESPACE
     return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=defaults)
 
 
