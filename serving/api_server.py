@@ -27,6 +27,7 @@ from serving.chat_utils import load_chat_template
 from serving.errors import OpenAIError
 from serving.metrics import ServerMetrics
 from serving.middleware import ServerGuard
+from serving.parser import ParserManager
 from serving.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -58,8 +59,14 @@ class ServerState:
     """Everything the routes use: the engine, its handlers and the metrics."""
 
     def __init__(
-        self, engine: AsyncLLM, server_args: ServerArgs, served_model_names: list[str], log_stats: bool = True
+        self,
+        engine: AsyncLLM,
+        server_args: ServerArgs,
+        served_model_names: list[str],
+        log_stats: bool = True,
+        reasoning_parser: str = "",
     ):
+        """`reasoning_parser`: the engine's `--reasoning-parser` ("" for none)."""
         self.engine = engine
         self.server_args = server_args
         self.log_stats = log_stats
@@ -69,7 +76,9 @@ class ServerState:
         self.tokenizer_pool = TokenizerPool(engine.get_tokenizer())
         shared = (engine, self.models, server_args, self.tokenizer_pool)
         self.completion = OpenAIServingCompletion(*shared)
-        self.chat = OpenAIServingChat(*shared, chat_template)
+        tool_call_parser = server_args.tool_call_parser if server_args.enable_auto_tool_choice else None
+        parsers = ParserManager(engine.get_tokenizer(), reasoning_parser, tool_call_parser)
+        self.chat = OpenAIServingChat(*shared, chat_template, parsers=parsers)
         self.tokenization = OpenAIServingTokenization(*shared, chat_template)
         self.metrics = ServerMetrics(engine, self.models.model_name, server_args.metrics_prefix)
         engine.stats_listeners.append(self.metrics)
@@ -298,11 +307,17 @@ def run_server(engine_args: EngineArgs, server_args: ServerArgs) -> None:
     logging.basicConfig(
         level=server_args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
     )
+    ParserManager.check_names(engine_args.reasoning_parser)
     engine = AsyncLLM(engine_args)
-    names = server_args.served_model_name or OpenAIServingModels.default_names(
-        engine_args.model, engine.config.model_config.model
-    )
-    state = ServerState(engine, server_args, names, log_stats=not engine_args.disable_log_stats)
+    try:
+        names = server_args.served_model_name or OpenAIServingModels.default_names(
+            engine_args.model, engine.config.model_config.model
+        )
+        log_stats = not engine_args.disable_log_stats
+        state = ServerState(engine, server_args, names, log_stats, engine_args.reasoning_parser)
+    except BaseException:
+        engine.shutdown()
+        raise
     config = uvicorn.Config(
         build_app(state),
         host=server_args.host,

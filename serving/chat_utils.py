@@ -1,5 +1,6 @@
 """Chat prompts: messages (string or content-part lists) through a chat template."""
 
+import json
 import os
 
 from serving.errors import OpenAIError
@@ -34,14 +35,33 @@ def conversation_size(messages: list[ChatMessage]) -> int:
 
 
 def to_conversation(messages: list[ChatMessage]) -> list[dict]:
-    """Messages as the tokenizer's template takes them: content parts joined into one text."""
+    """Messages as the tokenizer's template takes them: content parts joined into one text,
+    and (as vLLM hands them to Hugging Face templates) a tool call's JSON arguments as a dict."""
     conversation = []
     for message in messages:
         entry = {"role": message.role, "content": to_text(message.content)}
-        if message.name is not None:
-            entry["name"] = message.name
+        for key in ("name", "tool_call_id", "reasoning"):
+            if getattr(message, key) is not None:
+                entry[key] = getattr(message, key)
+        if message.tool_calls is not None:
+            entry["tool_calls"] = [_parsed_arguments(call) for call in message.tool_calls]
         conversation.append(entry)
     return conversation
+
+
+def _parsed_arguments(tool_call: dict) -> dict:
+    function = tool_call.get("function")
+    if not isinstance(function, dict):
+        raise OpenAIError("A message's tool call needs a `function` object.", 400, "messages")
+    arguments = function.get("arguments")
+    if isinstance(arguments, str) and arguments:
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            raise OpenAIError(
+                f"A message's tool call arguments are not JSON: {arguments!r}.", 400, "messages"
+            ) from None
+    return {**tool_call, "function": {**function, "arguments": arguments or {}}}
 
 
 def apply_chat_template(
@@ -51,9 +71,11 @@ def apply_chat_template(
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
     chat_template_kwargs: dict | None = None,
+    tools: list[dict] | None = None,
 ) -> str:
     """The prompt text of a conversation; a template that fails (or none at all) is a 400.
-    `chat_template_kwargs` are extra template variables; the arguments above win over them."""
+    `chat_template_kwargs` are extra template variables; the arguments above win over them.
+    `tools`: the request's tools (OpenAI's dicts), which the template may describe."""
     if continue_final_message and add_generation_prompt:
         raise OpenAIError(
             "continue_final_message and add_generation_prompt cannot both be true.", 400, "continue_final_message"
@@ -70,6 +92,7 @@ def apply_chat_template(
         "tokenize": False,
         "add_generation_prompt": add_generation_prompt,
         "continue_final_message": continue_final_message,
+        "tools": tools,
     }
     try:
         return tokenizer.apply_chat_template(to_conversation(messages), **options)

@@ -116,6 +116,36 @@ class ChatMessage(RequestModel):
     """Any role, as vLLM: the chat template decides what it makes of it."""
     content: str | list[TextContentPart] | None = None
     name: str | None = None
+    tool_calls: list[dict] | None = None
+    """An assistant message's calls, as a reply gave them (OpenAI's format)."""
+    tool_call_id: str | None = None
+    """A `tool` message's: the call it answers."""
+    reasoning: str | None = None
+    """An assistant message's reasoning (vLLM's; `reasoning_content` is its old name)."""
+
+
+class FunctionDefinition(RequestModel):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict | None = None
+    """The arguments' JSON schema."""
+    strict: bool | None = None
+
+
+class ChatCompletionToolsParam(RequestModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class ChatCompletionNamedFunction(RequestModel):
+    name: str
+
+
+class ChatCompletionNamedToolChoiceParam(RequestModel):
+    """`tool_choice` naming the one function to call."""
+
+    function: ChatCompletionNamedFunction
+    type: Literal["function"] = "function"
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -136,6 +166,19 @@ class ChatCompletionRequest(SamplingRequest):
     """vLLM's: this request's template instead of the server's (--trust-request-chat-template)."""
     chat_template_kwargs: dict | None = None
     """vLLM's: extra variables for the template (e.g. enable_thinking)."""
+    tools: list[ChatCompletionToolsParam] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ChatCompletionNamedToolChoiceParam | None = None
+    """None: "auto" when `tools` are given, else "none" (OpenAI's defaults)."""
+    parallel_tool_calls: bool | None = True
+    """False keeps only a reply's first tool call (and `required` asks for one)."""
+    include_reasoning: bool = True
+    """vLLM's: with a reasoning parser, whether replies carry the reasoning."""
+
+    @property
+    def effective_tool_choice(self) -> str | ChatCompletionNamedToolChoiceParam:
+        if self.tool_choice is None:
+            return "auto" if self.tools else "none"
+        return self.tool_choice
 
 
 class TokenizeRequest(RequestModel):
@@ -147,6 +190,8 @@ class TokenizeRequest(RequestModel):
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
     return_token_strs: bool = False
+    tools: list[ChatCompletionToolsParam] | None = None
+    """The tools a chat's template renders."""
 
     @pydantic.model_validator(mode="after")
     def _one_input(self) -> "TokenizeRequest":
@@ -257,9 +302,36 @@ class ChatChoiceLogprobs(ResponseModel):
     content: list[ChatTokenLogprob] | None = None
 
 
+def make_tool_call_id() -> str:
+    return random_id("chatcmpl-tool")
+
+
+class FunctionCall(ResponseModel):
+    name: str
+    arguments: str
+    """A JSON object, as text."""
+
+
+class ToolCall(ResponseModel):
+    id: str = Field(default_factory=make_tool_call_id)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessageOut(ResponseModel):
     role: str = "assistant"
     content: str | None = None
+    reasoning: str | None = None
+    """vLLM's: the reasoning, with --reasoning-parser."""
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+
+    @pydantic.model_serializer(mode="wrap")
+    def _drop_no_tool_calls(self, handler) -> dict:
+        """vLLM's: `tool_calls` only when there are some."""
+        data = handler(self)
+        if not data.get("tool_calls"):
+            data.pop("tool_calls", None)
+        return data
 
 
 class ChatCompletionResponseChoice(ResponseModel):
@@ -282,11 +354,37 @@ class ChatCompletionResponse(ResponseModel):
     prompt_token_ids: list[int] | None = None
 
 
+class DeltaFunctionCall(ResponseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+    @pydantic.model_serializer(mode="wrap")
+    def _drop_none(self, handler) -> dict:
+        return {key: value for key, value in handler(self).items() if value is not None}
+
+
+class DeltaToolCall(ResponseModel):
+    """A piece of tool call `index`: its first carries the id, type and name, later ones
+    more of the arguments' text."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall | None = None
+
+    @pydantic.model_serializer(mode="wrap")
+    def _drop_none(self, handler) -> dict:
+        return {key: value for key, value in handler(self).items() if value is not None}
+
+
 class DeltaMessage(ResponseModel):
-    """Only the fields a chunk changes: the role once, then content."""
+    """Only the fields a chunk changes: the role once, then content, reasoning (vLLM's) and
+    tool-call pieces."""
 
     role: str | None = None
     content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
     @pydantic.model_serializer(mode="wrap")
     def _drop_none(self, handler) -> dict:

@@ -5,6 +5,8 @@ import argparse
 import dataclasses
 import typing
 
+from serving.tool_parsers import ToolParserManager
+
 _ACCESS_LOGS = ("off", "text", "json")
 DEFAULT_QUEUE_DEPTH = 1024
 """Requests that may wait beyond what the engine runs at once, unless --max-num-queued-reqs
@@ -32,6 +34,16 @@ class ServerArgs:
     )
     trust_request_chat_template: bool = _field(
         False, "Render a request's own chat_template (vLLM's flag); refused with a 400 otherwise.", action="store_true"
+    )
+    enable_auto_tool_choice: bool = _field(
+        False,
+        "Parse the model's tool calls into `tool_calls` (vLLM's flag; needs --tool-call-parser): "
+        'tool_choice "auto", "required" and named functions are refused without it.',
+        action="store_true",
+    )
+    tool_call_parser: str | None = _field(
+        None,
+        "How the model writes tool calls (vLLM's flag): one of hermes, llama3_json, llama4_json, mistral, pythonic.",
     )
     enable_prompt_tokens_details: bool = _field(
         False, "Report usage.prompt_tokens_details.cached_tokens (vLLM's flag).", action="store_true"
@@ -102,6 +114,12 @@ class ServerArgs:
             raise ValueError(f"shutdown_timeout must be >= 0, got {self.shutdown_timeout}.")
         if self.stats_interval <= 0:
             raise ValueError(f"stats_interval must be > 0, got {self.stats_interval}.")
+        if self.enable_auto_tool_choice and not self.tool_call_parser:
+            raise ValueError("enable_auto_tool_choice requires tool_call_parser (--tool-call-parser NAME).")
+        if self.tool_call_parser is not None and self.tool_call_parser not in ToolParserManager.list_registered():
+            raise ValueError(
+                f"tool_call_parser must be one of {ToolParserManager.list_registered()}, got {self.tool_call_parser!r}."
+            )
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key must not be empty (leave it out to serve without a key).")
 

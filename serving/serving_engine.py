@@ -60,10 +60,12 @@ class OpenAIServing:
         continue_final_message: bool = False,
         chat_template: str | None = None,
         chat_template_kwargs: dict | None = None,
+        tools: list | None = None,
     ) -> str:
         """The chat through the chat template (the request's `chat_template`, else the
-        server's), in the tokenizer pool (a huge chat takes long). A request's own template,
-        also one inside `chat_template_kwargs`, needs --trust-request-chat-template (vLLM's)."""
+        server's), in the tokenizer pool (a huge chat takes long), with the request's `tools`.
+        A request's own template, also one inside `chat_template_kwargs`, needs
+        --trust-request-chat-template (vLLM's)."""
         requested = chat_template or (chat_template_kwargs or {}).get("chat_template")
         if requested is not None and not self.server_args.trust_request_chat_template:
             raise OpenAIError(
@@ -81,6 +83,7 @@ class OpenAIServing:
             add_generation_prompt,
             continue_final_message,
             chat_template_kwargs,
+            [tool.model_dump() for tool in tools] if tools else None,
         )
 
     def check_model(self, request) -> None:

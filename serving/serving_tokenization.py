@@ -30,7 +30,7 @@ class OpenAIServingTokenization(OpenAIServing):
         or of a chat through the chat template."""
         self.check_model(request)
         if request.messages is not None:
-            text = await self.render_chat(request.messages, request.add_generation_prompt)
+            text = await self.render_chat(request.messages, request.add_generation_prompt, tools=request.tools)
             add_special_tokens = False
         else:
             text, add_special_tokens = request.prompt, request.add_special_tokens

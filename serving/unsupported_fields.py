@@ -1,6 +1,6 @@
 """The request fields vjx does not honour, refused with a 400 instead of ignored.
 
-A client that sends `tools` or `response_format` expects output shaped by them; silently
+A client that sends `response_format` expects output shaped by it; silently
 dropping them returns something else with a 200. Each field maps to the values that change
 nothing (None: the field is absent or null), which stay accepted. Fields the server ignores
 because they never change the output (`user`, `store`, `metadata`, `service_tier`, ...) are
@@ -14,12 +14,9 @@ from pydantic import BaseModel
 from serving.errors import OpenAIError
 
 UNSUPPORTED_FIELDS: dict[str, tuple] = {
-    # Tool and function calling.
-    "tools": (None, []),
-    "tool_choice": (None, "none"),
+    # Legacy function calling (OpenAI's deprecated form of tools; vLLM ignores it).
     "functions": (None, []),
     "function_call": (None, "none"),
-    "parallel_tool_calls": (None,),
     # vLLM's old structured-output fields (vLLM now takes `structured_outputs`).
     "guided_json": (None,),
     "guided_regex": (None,),

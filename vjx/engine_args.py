@@ -262,6 +262,12 @@ class EngineArgs(VllmCompatArgs):
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}.")
         if self.data_parallel_size < 1:
             raise ValueError(f"data_parallel_size must be >= 1, got {self.data_parallel_size}.")
+        if self.reasoning_parser:
+            from vjx.reasoning import ReasoningParserManager
+
+            names = ReasoningParserManager.list_registered()
+            if self.reasoning_parser not in names:
+                raise ValueError(f"reasoning_parser must be one of {names}, got {self.reasoning_parser!r}.")
         if self.load_format not in _LOAD_FORMATS:
             raise ValueError(f"load_format must be one of {_LOAD_FORMATS}, got {self.load_format!r}.")
         if self.max_logprobs < 0:

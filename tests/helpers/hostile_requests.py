@@ -76,7 +76,7 @@ SAMPLING_CASES = [
     # Fields vjx does not honour yet.
     ("response_format json_object", dict(response_format={"type": "json_object"}), 400, "response_format", None),
     ("guided_json", dict(guided_json={"type": "object"}), 400, "guided_json", None),
-    ("tools", dict(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools", None),
+    ("functions", dict(functions=[{"name": "f", "parameters": {}}]), 400, "functions", None),
     # Served from outside the engine, so only the server has it.
     ("use_beam_search", dict(use_beam_search=True, n=2, max_tokens=2), 200, None, None),
 ]

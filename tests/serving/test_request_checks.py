@@ -18,8 +18,8 @@ from vjx.engine.exceptions import EngineDeadError, EngineRequestError
 @pytest.mark.parametrize(
     "fields, param",
     [
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),
+        ({"function_call": "auto"}, "function_call"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"guided_json": {"type": "object"}}, "guided_json"),
         ({"logits_processors": ["my.module:Processor"]}, "logits_processors"),

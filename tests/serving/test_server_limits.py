@@ -83,12 +83,10 @@ def test_requests_at_the_limits_are_served(server):
     assert len(completion.choices) == 12
 
 
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 UNHONOURED = {
-    "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
-    "tool_choice": "auto",
     "functions": [{"name": "f", "parameters": {}}],
     "function_call": "auto",
-    "parallel_tool_calls": False,
     "response_format": {"type": "json_object"},
     "guided_json": {"type": "object"},
     "guided_regex": "a+",
@@ -114,17 +112,20 @@ def test_each_unhonoured_field_is_refused_by_name(server, path):
     for field, value in UNHONOURED.items():
         error = _check_error(*server.request("POST", path, {**body, field: value}), 400, field)
         assert error["message"].startswith(f"{field} is not supported by this server yet"), error
-    tokenize = {"messages": CHAT["messages"], "tools": UNHONOURED["tools"]}
-    _check_error(*server.request("POST", "/tokenize", tokenize), 400, "tools")
+    tokenize = {"messages": CHAT["messages"], "functions": UNHONOURED["functions"]}
+    _check_error(*server.request("POST", "/tokenize", tokenize), 400, "functions")
 
 
 def test_harmless_values_and_metadata_are_accepted(server):
     client = server.client()
-    with pytest.raises(openai.BadRequestError, match="tools is not supported"):
-        client.chat.completions.create(model=MODEL, tools=UNHONOURED["tools"], **CHAT)
+    # vLLM's rule: tools default to tool_choice "auto", which needs --enable-auto-tool-choice.
+    with pytest.raises(openai.BadRequestError, match='"auto" tool choice requires --enable-auto-tool-choice'):
+        client.chat.completions.create(model=MODEL, tools=TOOLS, **CHAT)
     chat = client.chat.completions.create(
         model=MODEL,
+        tools=TOOLS,
         tool_choice="none",
+        parallel_tool_calls=False,
         response_format={"type": "text"},
         modalities=["text"],
         user="u",
