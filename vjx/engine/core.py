@@ -51,7 +51,7 @@ class EngineCore:
         self.num_gpu_blocks = kv_cache_config.num_blocks
         is_async = config.scheduler_config.async_scheduling
         scheduler_class = AsyncScheduler if is_async else Scheduler
-        self.structured_output_manager = StructuredOutputManager(config)
+        self.structured_output_manager = StructuredOutputManager.from_config(config)
         # Before the warm-up: a pool too small for its groups is refused without compiling.
         self.scheduler = scheduler_class(
             config.scheduler_config, config.cache_config, kv_cache_config, self.structured_output_manager

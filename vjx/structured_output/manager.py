@@ -30,15 +30,23 @@ _NUM_COMPILE_THREADS = 2
 
 
 class StructuredOutputManager:
-    def __init__(self, config: VjxConfig):
-        self.vocab_size = config.model_config.hf_text_config.vocab_size
-        self.tokenizer_name = config.model_config.tokenizer
-        self.reasoning_parser_name = config.structured_outputs_config.reasoning_parser
+    def __init__(self, tokenizer_name: str, vocab_size: int, reasoning_parser: str = ""):
+        """`vocab_size`: the model's logits width; `reasoning_parser`: a name in
+        vjx/reasoning's registry, or "" for none."""
+        self.vocab_size = vocab_size
+        self.tokenizer_name = tokenizer_name
+        self.reasoning_parser_name = reasoning_parser
         self._executor = concurrent.futures.ThreadPoolExecutor(_NUM_COMPILE_THREADS, "vjx-grammar")
         self._lock = threading.Lock()
         self._backend: GuidanceBackend | None = None
         self._reasoner = None
         self._grammars: collections.OrderedDict[str, GuidanceGrammar] = collections.OrderedDict()
+
+    @classmethod
+    def from_config(cls, config: VjxConfig) -> "StructuredOutputManager":
+        model_config = config.model_config
+        reasoning_parser = config.structured_outputs_config.reasoning_parser
+        return cls(model_config.tokenizer, model_config.hf_text_config.vocab_size, reasoning_parser)
 
     def grammar_init(self, request: Request) -> None:
         """Starts compiling the request's grammar, when it has one."""
