@@ -23,7 +23,6 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from serving.chat_utils import load_chat_template
 from serving.errors import OpenAIError
 from serving.metrics import ServerMetrics
 from serving.middleware import ServerGuard
@@ -45,6 +44,7 @@ from serving.serving_tokenization import OpenAIServingTokenization
 from serving.sse import EventStreamResponse, to_openai_error
 from serving.tokenizer_pool import TokenizerPool
 from serving.unsupported_fields import check_supported_fields
+from vjx.chat_utils import load_chat_template
 from vjx.engine.async_llm import AsyncLLM
 from vjx.engine.exceptions import EngineDeadError
 from vjx.engine_args import EngineArgs
@@ -74,14 +74,14 @@ class ServerState:
         self.models = OpenAIServingModels(served_model_names, model_path, engine.max_model_len)
         chat_template = load_chat_template(server_args.chat_template)
         self.tokenizer_pool = TokenizerPool(engine.get_tokenizer())
-        shared = (engine, self.models, server_args, self.tokenizer_pool)
-        self.completion = OpenAIServingCompletion(*shared)
-        tool_call_parser = server_args.tool_call_parser if server_args.enable_auto_tool_choice else None
-        parsers = ParserManager(engine.get_tokenizer(), reasoning_parser, tool_call_parser)
-        self.chat = OpenAIServingChat(*shared, chat_template, parsers=parsers)
-        self.tokenization = OpenAIServingTokenization(*shared, chat_template)
         self.metrics = ServerMetrics(engine, self.models.model_name, server_args.metrics_prefix)
         engine.stats_listeners.append(self.metrics)
+        shared = (engine, self.models, server_args, self.tokenizer_pool)
+        self.completion = OpenAIServingCompletion(*shared, metrics=self.metrics)
+        tool_call_parser = server_args.tool_call_parser if server_args.enable_auto_tool_choice else None
+        parsers = ParserManager(engine.get_tokenizer(), reasoning_parser, tool_call_parser)
+        self.chat = OpenAIServingChat(*shared, chat_template, parsers=parsers, metrics=self.metrics)
+        self.tokenization = OpenAIServingTokenization(*shared, chat_template)
         self.load = ServerLoad(server_args.enable_server_load_tracking)
 
 
@@ -115,10 +115,10 @@ async def _wait_for_disconnect(receive) -> None:
 
 
 def _check_json_body(raw_request: Request) -> None:
-    """vLLM's rule: a body must say it is JSON."""
+    """vLLM's rule and answer: a body must say it is JSON (a missing Content-Type included)."""
     media_type = raw_request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if media_type != "application/json":
-        raise OpenAIError("Unsupported Media Type: Only 'application/json' is allowed.", 400)
+        raise OpenAIError("1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed", 400)
 
 
 async def _serve(

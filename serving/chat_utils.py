@@ -1,25 +1,9 @@
 """Chat prompts: messages (string or content-part lists) through a chat template."""
 
 import json
-import os
 
 from serving.errors import OpenAIError
 from serving.protocol import ChatMessage, TextContentPart
-
-
-def load_chat_template(chat_template: str | None) -> str | None:
-    """`--chat-template`: a file's path, or the Jinja template itself."""
-    if chat_template is None:
-        return None
-    if os.path.isfile(chat_template):
-        with open(chat_template, encoding="utf-8") as f:
-            return f.read()
-    if "{" not in chat_template:
-        raise ValueError(
-            f"chat_template must be a file or a Jinja template, got {chat_template!r} "
-            "(no such file, and no template syntax)."
-        )
-    return chat_template
 
 
 def to_text(content: str | list[TextContentPart] | None) -> str:

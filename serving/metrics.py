@@ -36,6 +36,9 @@ class ServerMetrics:
     def record_iteration_stats(self, iteration_stats: IterationStats) -> None:
         self.stat_logger.record_iteration_stats(iteration_stats)
 
+    def record_admission_rejection(self, reason: str) -> None:
+        self.stat_logger.record_admission_rejection(reason)
+
     def record_scheduler_stats(self, stats: SchedulerStats) -> None:
         """Sets the gauges and adds the counts (`stats` holds those since the last ask)."""
         self.stat_logger.record_scheduler_stats(stats)

@@ -38,9 +38,9 @@ from vjx.sampling_params import SamplingParams
 
 
 class OpenAIServingChat(OpenAIServing):
-    def __init__(self, *args, parsers: ParserManager | None = None):
+    def __init__(self, *args, parsers: ParserManager | None = None, **kwargs):
         """`parsers`: the server's reasoning and tool parsers (None: none)."""
-        super().__init__(*args)
+        super().__init__(*args, **kwargs)
         self.parsers = parsers or ParserManager(self.tokenizer)
 
     async def create_chat_completion(

@@ -12,6 +12,7 @@ from collections.abc import AsyncGenerator
 from serving.beam_search_stream import BeamSearchStream
 from serving.chat_utils import apply_chat_template, conversation_size
 from serving.errors import OpenAIError
+from serving.metrics import ServerMetrics
 from serving.protocol import SamplingRequest, UsageInfo
 from serving.server_args import ServerArgs
 from serving.serving_models import OpenAIServingModels
@@ -23,7 +24,6 @@ from vjx.engine.async_llm import AsyncLLM, RequestOutputStream
 from vjx.engine.exceptions import EngineDeadError
 from vjx.sampling_params import RequestOutputKind, SamplingParams
 
-_LOGIT_BIAS_LIMIT = 100.0
 _DEFAULTED_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 """Request fields that, when unset, take the generation config's default (vLLM's)."""
 RETRY_AFTER_S = 1
@@ -38,9 +38,13 @@ class OpenAIServing:
         server_args: ServerArgs,
         tokenizer_pool: TokenizerPool,
         chat_template: str | None = None,
+        *,
+        metrics: ServerMetrics | None = None,
     ):
-        """`chat_template`: the server's (None: the tokenizer's), for the routes that take chats."""
+        """`chat_template`: the server's (None: the tokenizer's), for the routes that take chats;
+        `metrics` counts the requests refused at admission."""
         self.engine = engine
+        self.metrics = metrics
         self.chat_template = chat_template
         self.models = models
         self.server_args = server_args
@@ -94,7 +98,9 @@ class OpenAIServing:
     def check_limits(self, request: SamplingRequest) -> None:
         """The operator's limits on `n` and on the stop strings (--max-n, --max-stop-strings,
         --max-stop-string-length), and the field combinations vLLM refuses."""
-        if request.stream_options is not None and not request.stream:
+        options = request.stream_options
+        # vLLM's test is the JSON value's truth: `{}` (and null) without `stream` is accepted.
+        if options is not None and (options.model_fields_set or options.model_extra) and not request.stream:
             raise OpenAIError("Stream options can only be defined when `stream=True`.", 400, "stream_options")
         if request.stream and request.prompt_logprobs:
             raise OpenAIError("`prompt_logprobs` are not available when `stream=True`.", 400, "prompt_logprobs")
@@ -250,22 +256,22 @@ class OpenAIServing:
 
     @staticmethod
     def _logit_bias(logit_bias: dict[str, float] | None) -> dict[int, float] | None:
+        """The JSON keys as token ids (Python's `int`, as vLLM reads them); every key that is
+        not one is named in the 400. `SamplingParams` clamps each bias to [-100, 100]."""
         if logit_bias is None:
             return None
-        bad_keys = [token for token in logit_bias if not token.strip().lstrip("-").isdigit()]
+        bias, bad_keys = {}, []
+        for token, value in logit_bias.items():
+            try:
+                bias[int(token)] = value
+            except ValueError:
+                bad_keys.append(token)
         if bad_keys:
             raise OpenAIError(
                 f"logit_bias contains key(s) that cannot be converted to integer token IDs: {bad_keys!r}.",
                 400,
                 "logit_bias",
             )
-        bias = {}
-        for token, value in logit_bias.items():
-            if not -_LOGIT_BIAS_LIMIT <= value <= _LOGIT_BIAS_LIMIT:
-                raise OpenAIError(
-                    f"logit_bias values must be in [-100, 100], got {value} for token {token}.", 400, "logit_bias"
-                )
-            bias[int(token)] = value
         return bias
 
     async def add_requests(
@@ -308,6 +314,8 @@ class OpenAIServing:
         between this check and the adds, so concurrent requests cannot both pass it."""
         num_unfinished = self.engine.output_processor.get_num_unfinished_requests()
         if num_unfinished + num_requests > self.max_num_queued_reqs:
+            if self.metrics is not None:
+                self.metrics.record_admission_rejection("max_num_queued_reqs")
             raise OpenAIError(
                 "The server is busy: too many requests are in flight; retry in a moment.",
                 503,

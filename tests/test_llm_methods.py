@@ -10,20 +10,29 @@ import random
 
 import numpy as np
 import pytest
+import transformers
 
 from tests.helpers.large_engine import LARGE_ARGS, PROMPTS
 from tests.helpers.worker_rpc import model_class_name, worker_summary
 from vjx import LLM, EngineArgs, SamplingParams
+from vjx.engine.llm_engine import LLMEngine
+from vjx.models import default_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+TEMPLATE_MARK = "{# read from a file #}"
+"""A Jinja comment: renders as nothing."""
 SEED = 1234
 
 
 @pytest.fixture(scope="module")
-def engine_and_draws():
+def engine_and_draws(tmp_path_factory):
+    # The model's own chat template, from a file (`LLM(chat_template=path)`), marked by a comment.
+    model_template = transformers.AutoTokenizer.from_pretrained(default_model.get_default_model_path()).chat_template
+    template_path = tmp_path_factory.mktemp("template") / "chat.jinja"
+    template_path.write_text(model_template + TEMPLATE_MARK)
     random.seed(0)
     np.random.seed(0)
-    engine = LLM(**LARGE_ARGS, scheduling_policy="priority", seed=SEED)
+    engine = LLM(**LARGE_ARGS, scheduling_policy="priority", seed=SEED, chat_template=str(template_path))
     # The first draws of Python's and NumPy's generators after the engine started.
     yield engine, (random.random(), np.random.random())
     engine.shutdown()
@@ -319,6 +328,20 @@ def test_chat_openai_content_format(llm):
     assert _chat_prompt(llm, messages, chat_template=PARTS_TEMPLATE) == "user:[a][b]"
     with pytest.raises(ValueError, match="chat_template_content_format"):
         llm.chat(messages, SHORT, use_tqdm=False, chat_template_content_format="markdown")
+
+
+def test_the_constructors_chat_template_is_chats_default(llm, monkeypatch):
+    assert llm.chat_template.endswith(TEMPLATE_MARK)
+    messages = [{"role": "user", "content": "Weather?"}]
+    monkeypatch.setattr(llm, "chat_template", TOOL_TEMPLATE)
+    assert _chat_prompt(llm, messages) == "user: Weather?\nassistant:"
+    assert _chat_prompt(llm, messages, chat_template=PARTS_TEMPLATE) == "user:[Weather?]"
+
+
+def test_a_chat_template_path_that_cannot_be_read_fails_before_the_engine_starts(monkeypatch):
+    monkeypatch.setattr(LLMEngine, "from_engine_args", None)  # reached only past the template
+    with pytest.raises(ValueError, match="chat_template 'no_such.jinja' looks like a file path"):
+        LLM(chat_template="no_such.jinja")
 
 
 def test_chat_batch_of_conversations(llm):

@@ -10,6 +10,7 @@ the template loops over a message's content, else "string".
 
 import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 CONTENT_FORMATS = ("auto", "string", "openai")
@@ -17,6 +18,25 @@ TEXT_PART_TYPES = ("text", "input_text", "output_text", "refusal")
 """Content parts whose text goes to the template (vLLM's text part types)."""
 _RESERVED_KWARGS = ("conversation", "chat_template", "tools", "tokenize", "return_dict")
 _CONTENT_LOOP = re.compile(r"for\s+\w+\s+in\s+\w+\s*(\[\s*['\"]content['\"]\s*\]|\.content\b)")
+_JINJA_CHARS = "{}\n"
+"""A string holding none of these that names no file was meant as a path (vLLM's rule)."""
+
+
+def load_chat_template(chat_template: Path | str | None) -> str | None:
+    """vLLM's `load_chat_template`: the text of the file `chat_template` names, else the string
+    itself as a Jinja template. A `Path` that cannot be read, or a string that names no file
+    and holds no template syntax, is an error (vLLM's built-in template names are not shipped)."""
+    if chat_template is None:
+        return None
+    try:
+        with open(chat_template, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the name
+        if isinstance(chat_template, Path) or not any(c in chat_template for c in _JINJA_CHARS):
+            raise ValueError(
+                f"chat_template {str(chat_template)!r} looks like a file path, but it failed to be opened: {e}"
+            ) from None
+    return chat_template
 
 
 def to_conversations(messages) -> list[list[dict]]:

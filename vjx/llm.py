@@ -3,6 +3,7 @@
 import dataclasses
 import itertools
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -22,6 +23,8 @@ class LLM:
     None for the embedded default model, SmolLM2-135M-Instruct. The keyword arguments are
     vLLM's engine arguments, documented on `EngineArgs`; the ones not listed (e.g.
     `download_dir`, `generation_config`, `scheduling_policy`) pass through `**kwargs`.
+    `chat_template` (a file's path or the Jinja template itself) is `chat`'s default template
+    instead of the tokenizer's.
     """
 
     def __init__(
@@ -31,6 +34,7 @@ class LLM:
         tokenizer: str | None = None,
         revision: str | None = None,
         tokenizer_revision: str | None = None,
+        chat_template: Path | str | None = None,
         dtype: str = "auto",
         seed: int = 0,
         max_model_len: int | None = None,
@@ -47,7 +51,8 @@ class LLM:
         disable_log_stats: bool = True,
         **kwargs,
     ):
-        explicit = {k: v for k, v in locals().items() if k not in ("self", "kwargs")}
+        explicit = {k: v for k, v in locals().items() if k not in ("self", "kwargs", "chat_template")}
+        self.chat_template = chat_utils.load_chat_template(chat_template)
         engine_args = EngineArgs(**explicit, **kwargs)
         self.llm_engine = LLMEngine.from_engine_args(engine_args)
         self.request_counter = itertools.count()
@@ -225,7 +230,7 @@ class LLM:
             chat_utils.render_chat(
                 tokenizer,
                 conversation,
-                chat_template=chat_template,
+                chat_template=self.chat_template if chat_template is None else chat_template,
                 content_format=chat_template_content_format,
                 tools=tools,
                 chat_template_kwargs=template_kwargs,

@@ -9,12 +9,19 @@ engine (the driver frees the shared one first, so one engine is alive at a time)
 
 import asyncio
 import importlib
+import os
+import tempfile
 
 PROMPTS = ["Hello, my name is", "The president of the United States is", "The capital of France is"]
 CONVERSATION = [
     {"role": "system", "content": "You are a helpful assistant."},
     {"role": "user", "content": "Write one sentence about the sea."},
 ]
+
+TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
 
 
 def completion_shape(outputs) -> list[dict]:
@@ -188,6 +195,24 @@ def chat_content_parts_and_tools(m, llm, model):
     return completion_shape(llm.chat(messages, fixed_length(m, temperature=0.0), use_tqdm=False, tools=[tool]))
 
 
+def chat_template_per_call(m, llm, model):
+    outputs = llm.chat(CONVERSATION, fixed_length(m, temperature=0.0), use_tqdm=False, chat_template=TEMPLATE)
+    return {"prompt": outputs[0].prompt, "completions": completion_shape(outputs)}
+
+
+def llm_chat_template_file(m, model, engine_kwargs):
+    """`LLM(chat_template=path)`: the file's template renders every chat."""
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "chat.jinja")
+        with open(path, "w") as f:
+            f.write(TEMPLATE)
+        llm = m.LLM(model=model, chat_template=path, **engine_kwargs)
+    outputs = llm.chat(CONVERSATION, fixed_length(m, temperature=0.0), use_tqdm=False)
+    shape = {"prompt": outputs[0].prompt, "completions": completion_shape(outputs)}
+    del llm
+    return shape
+
+
 def llm_engine_step_loop(m, model, engine_kwargs):
     engine = m.LLMEngine.from_engine_args(m.EngineArgs(model=model, **engine_kwargs))
     for i, prompt in enumerate(PROMPTS):
@@ -232,6 +257,7 @@ SHARED = [
     harmless_engine_kwargs,
     reset_prefix_cache,
     chat_content_parts_and_tools,
+    chat_template_per_call,
     sleep_wake_up,
 ]
-OWN_ENGINE = [llm_engine_step_loop, async_llm_generate]
+OWN_ENGINE = [llm_engine_step_loop, async_llm_generate, llm_chat_template_file]

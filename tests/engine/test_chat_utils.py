@@ -1,5 +1,7 @@
 """vjx/chat_utils.py without an engine: message parsing, content formats, template kwargs."""
 
+import pathlib
+
 import pytest
 
 from tests.helpers.tokenizer import make_tokenizer
@@ -66,3 +68,18 @@ def test_to_conversations():
     assert chat_utils.to_conversations([one, one]) == [one, one]
     with pytest.raises(ValueError, match="messages must be"):
         chat_utils.to_conversations([])
+
+
+def test_load_chat_template_reads_a_file_or_takes_the_template(tmp_path):
+    path = tmp_path / "template.jinja"
+    path.write_text(STRING_TEMPLATE)
+    assert chat_utils.load_chat_template(path) == chat_utils.load_chat_template(str(path)) == STRING_TEMPLATE
+    assert chat_utils.load_chat_template(STRING_TEMPLATE) == STRING_TEMPLATE
+    assert chat_utils.load_chat_template("plain text\n") == "plain text\n"
+    assert chat_utils.load_chat_template(None) is None
+
+
+@pytest.mark.parametrize("template", ["no_such_template.jinja", pathlib.Path("{{ no such file }}")])
+def test_load_chat_template_refuses_a_path_it_cannot_open(template):
+    with pytest.raises(ValueError, match="chat_template .* looks like a file path, but it failed to be opened"):
+        chat_utils.load_chat_template(template)

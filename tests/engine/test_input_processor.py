@@ -128,6 +128,7 @@ def test_the_cap_comes_from_the_model_config(processor):
     [
         ({"logit_bias": {5: 1.0, 300: -1.0}}, r"logit_bias contains token id 300, out of the .* \[0, 300\)"),
         ({"logit_bias": {-1: 1.0}}, r"logit_bias contains token id -1, out of the vocabulary range \[0, 300\)"),
+        ({"logit_bias": {-1: 1.0, 7: 0.5, 300: 2.0}}, r"logit_bias contains token ids \[-1, 300\], out of"),
         ({"allowed_token_ids": [1, 2, 300]}, r"allowed_token_ids contains token id 300, .* \[0, 300\)"),
         ({"allowed_token_ids": [-3]}, r"allowed_token_ids contains token id -3, .* \[0, 300\)"),
     ],

@@ -84,7 +84,6 @@ NOT_IN_VJX = {
     "external_prefix_cache_hits": "KV connector",
     "mm_cache_queries": "multi-modal inputs",
     "mm_cache_hits": "multi-modal inputs",
-    "admission_rejections": "vjx's queue limit answers 503 before the engine; no per-reason counter",
     "kv_block_lifetime_seconds": "--kv-cache-metrics",
     "kv_block_idle_before_evict_seconds": "--kv-cache-metrics",
     "kv_block_reuse_gap_seconds": "--kv-cache-metrics",

@@ -17,6 +17,7 @@ import time
 import openai
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from serving.errors import ENGINE_DEAD_MESSAGE
 from serving.unsupported_fields import UNSUPPORTED_FIELDS
@@ -317,7 +318,16 @@ def test_a_full_engine_answers_503_with_retry_after(server):
     metrics = _wait_until_idle(server)
     assert (metrics["vjx:num_requests_running"], metrics["vjx:num_requests_waiting"]) == (0.0, 0.0)
     assert metrics["vjx:kv_cache_usage_perc"] == 0.0
+    assert _admission_rejections(server) == {"max_num_queued_reqs": 2.0, "max_num_queued_tokens": 0.0}
     assert client.completions.create(model=MODEL, **COMPLETION).usage.completion_tokens == 2
+
+
+def _admission_rejections(server: RemoteServer) -> dict[str, float]:
+    """vLLM's `admission_rejections` counter, by reason."""
+    status, body = server.request("GET", "/metrics")
+    assert status == 200, body
+    (family,) = [f for f in text_string_to_metric_families(body.decode()) if f.name == "vjx:admission_rejections"]
+    return {s.labels["reason"]: s.value for s in family.samples if s.name.endswith("_total")}
 
 
 def _wait_until_idle(server: RemoteServer, timeout_s: float = 30.0) -> dict[str, float]:

@@ -33,6 +33,8 @@ FLAGS = [
 PROMPT = "The capital of France is"
 GREEDY = dict(model=MODEL, temperature=0.0)
 CHAT = [{"role": "user", "content": "Name a color."}]
+NOT_JSON = "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed"
+"""vLLM's message (its RequestValidationError handler's)."""
 
 
 @pytest.fixture(scope="module")
@@ -109,8 +111,9 @@ def test_embeddings_and_non_json_bodies_are_400s(server, client):
         client.embeddings.create(model=MODEL, input="x")
     body = json.dumps({"prompt": PROMPT}).encode()
     for path in ("/v1/completions", "/v1/chat/completions", "/invocations"):
-        error = _error(*server.request("POST", path, body, headers={"Content-Type": "text/plain"}), 400)
-        assert error["message"].startswith("Unsupported Media Type: Only 'application/json' is allowed"), error
+        for headers in ({"Content-Type": "text/plain"}, {"Content-Type": "application/jsonl; charset=utf-8"}):
+            error = _error(*server.request("POST", path, body, headers=headers), 400)
+            assert error == {"message": NOT_JSON, "type": "invalid_request_error", "param": None, "code": 400}
 
 
 def test_completion_prompt_logprobs(server, client):
@@ -232,8 +235,20 @@ def test_refused_combinations_name_their_field(server):
     cases = [
         ({"prompt": PROMPT, "stream_options": {"include_usage": True}}, "stream_options", "Stream options"),
         ({"prompt": PROMPT, "stream": True, "prompt_logprobs": 1}, "prompt_logprobs", "not available"),
-        ({"prompt": PROMPT, "logit_bias": {"a": 1, "7": 1, "b c": 2}}, "logit_bias", "['a', 'b c']"),
+        ({"prompt": PROMPT, "logit_bias": {"a": 1, "7": 1, "b c": 2, "--7": 1}}, "logit_bias", "['a', 'b c', '--7']"),
+        ({"prompt": PROMPT, "logit_bias": {"-1": 1, "7": 1, "99999999": 2}}, "logit_bias", "[-1, 99999999]"),
     ]
     for body, param, message in cases:
         error = _error(*server.request("POST", "/v1/completions", body), 400)
         assert error["param"] == param and message in error["message"], error
+
+
+def test_what_vllm_accepts_and_vjx_did_not(client):
+    """Empty stream options without `stream`; logit_bias keys as Python's int() reads them, and
+    biases past +-100 (clamped)."""
+    client.completions.create(prompt=PROMPT, max_tokens=1, stream_options={}, **GREEDY)
+    bias = {"+1000": 150.0, " 1001 ": -1e6, "1_002": 1.0}
+    completion = client.completions.create(
+        prompt=PROMPT, max_tokens=2, logit_bias=bias, extra_body={"return_token_ids": True}, **GREEDY
+    )
+    assert completion.choices[0].model_extra["token_ids"] == [1000, 1000]

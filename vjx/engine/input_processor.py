@@ -146,9 +146,8 @@ class InputProcessor:
     def _check_token_ids(self, name: str, token_ids: list[int]) -> None:
         bad_ids = [t for t in token_ids if not 0 <= t < self.vocab_size]
         if bad_ids:
-            raise ValueError(
-                f"{name} contains token id {bad_ids[0]}, out of the vocabulary range [0, {self.vocab_size})."
-            )
+            named = f"token id {bad_ids[0]}" if len(bad_ids) == 1 else f"token ids {bad_ids}"
+            raise ValueError(f"{name} contains {named}, out of the vocabulary range [0, {self.vocab_size}).")
 
     def tokenize_bad_words(self, bad_words: list[str]) -> list[list[int]]:
         """The token ids of each bad word, as vLLM bans them: the word as it would start the

@@ -22,6 +22,8 @@ _CACHE_HIT_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
 """vLLM's cache tiers; vjx's prefix cache is the device's only."""
 _WAITING_REASONS = ("capacity", "deferred")
 _SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
+ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
+"""Why the front end refused a request at admission (vLLM's labels; vjx's server has the first)."""
 
 _COUNTERS = {
     "prefix_cache_queries": "Prefix cache queries, in terms of number of queried tokens.",
@@ -112,6 +114,13 @@ class PrometheusStatLogger:
             Counter, "request_success", "Count of successfully processed requests.", "finished_reason"
         )
         self.request_success = {r: success.labels(**self.label_values, finished_reason=str(r)) for r in FinishReason}
+        rejections = Counter(
+            self.prefix + "admission_rejections",
+            "Number of admission attempts rejected by a queue limit, by reason.",
+            ["model_name", "reason"],
+            registry=self.registry,
+        )
+        self.admission_rejections = {r: rejections.labels(model_name=model_name, reason=r) for r in ADMISSION_REASONS}
 
     def _family(self, kind, name: str, documentation: str, *extra_labels: str, **kwargs):
         return kind(
@@ -164,6 +173,10 @@ class PrometheusStatLogger:
             registry=self.registry,
         )
         gauge.labels(**info).set(1)
+
+    def record_admission_rejection(self, reason: str) -> None:
+        """One request refused by the front end's queue limit `reason` (ADMISSION_REASONS)."""
+        self.admission_rejections[reason].inc()
 
     def record_scheduler_stats(self, stats: SchedulerStats) -> None:
         self.num_requests_running.set(stats.num_running_reqs)
