@@ -73,8 +73,10 @@ SAMPLING_CASES = [
     ("10,000 prompts", dict(prompt=["x"] * 10_000), 400, "prompt", None),
     ("1000 stop strings", dict(stop=[f"s{i}" for i in range(1000)]), 400, "stop", None),
     ("a 5000-character stop string", dict(stop=["y" * 5000]), 400, "stop", None),
+    # A constraint that cannot compile.
+    ("json_schema without its schema", dict(response_format={"type": "json_schema"}), 400, "response_format", None),
+    ("a regex that does not parse", dict(structured_outputs={"regex": "(a"}), 400, "structured_outputs", None),
     # Fields vjx does not honour yet.
-    ("response_format json_object", dict(response_format={"type": "json_object"}), 400, "response_format", None),
     ("guided_json", dict(guided_json={"type": "object"}), 400, "guided_json", None),
     ("functions", dict(functions=[{"name": "f", "parameters": {}}]), 400, "functions", None),
     # Served from outside the engine, so only the server has it.

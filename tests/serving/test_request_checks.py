@@ -20,7 +20,6 @@ from vjx.engine.exceptions import EngineDeadError, EngineRequestError
     [
         ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),
         ({"function_call": "auto"}, "function_call"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"guided_json": {"type": "object"}}, "guided_json"),
         ({"logits_processors": ["my.module:Processor"]}, "logits_processors"),
     ],
