@@ -215,8 +215,11 @@ def test_stats_are_logged_when_enabled(large_llm, caplog, monkeypatch):
     monkeypatch.setattr(engine, "_last_stats_time", float("-inf"))
     with caplog.at_level("INFO", logger="vjx.engine.llm_engine"):
         large_llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)
-    (line,) = [r.getMessage() for r in caplog.records if r.name == "vjx.engine.llm_engine"]
-    assert line.startswith("Running: ") and "KV cache usage: " in line and "Prefix cache hit rate: " in line
+    # One line at the first step, and one more per 5 s interval (a loaded machine may need one).
+    lines = [r.getMessage() for r in caplog.records if r.name == "vjx.engine.llm_engine"]
+    assert lines
+    for line in lines:
+        assert line.startswith("Running: ") and "KV cache usage: " in line and "Prefix cache hit rate: " in line
 
 
 def test_plain_steps_leave_out_conditionals_and_draw_like_general_ones(large_llm, monkeypatch):
