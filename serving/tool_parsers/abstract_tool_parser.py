@@ -10,11 +10,11 @@ into deltas sends the same calls.
 """
 
 import dataclasses
-import importlib
 from collections.abc import Sequence
 
 from serving.protocol import DeltaFunctionCall, DeltaMessage, DeltaToolCall, ToolCall, make_tool_call_id
 from serving.tool_parsers.utils import StreamedToolCall, get_json_schema_from_tools
+from vjx.utils.registry import LazyRegistry
 
 
 @dataclasses.dataclass
@@ -108,35 +108,13 @@ def _with_calls(content: str | None, tool_calls: list[DeltaToolCall]) -> DeltaMe
     return DeltaMessage(content=content, tool_calls=tool_calls or None)
 
 
-class ToolParserManager:
+class ToolParserManager(LazyRegistry):
     """Parsers by name: built-in ones registered lazily (module, class), imported on first
     use; `register_module` adds a class under one or more names."""
 
-    tool_parsers: dict[str, type[ToolParser]] = {}
-    lazy_parsers: dict[str, tuple[str, str]] = {}
+    kind = "Tool parser"
+    base = ToolParser
 
     @classmethod
     def get_tool_parser(cls, name: str) -> type[ToolParser]:
-        """The parser class of `name`; a KeyError naming the registered ones otherwise."""
-        if name not in cls.tool_parsers:
-            if name not in cls.lazy_parsers:
-                raise KeyError(f"Tool parser {name!r} not found. Available parsers: {', '.join(cls.list_registered())}")
-            module_path, class_name = cls.lazy_parsers[name]
-            cls.tool_parsers[name] = getattr(importlib.import_module(module_path), class_name)
-        return cls.tool_parsers[name]
-
-    @classmethod
-    def list_registered(cls) -> list[str]:
-        return sorted(set(cls.tool_parsers) | set(cls.lazy_parsers))
-
-    @classmethod
-    def register_lazy_module(cls, name: str, module_path: str, class_name: str) -> None:
-        cls.lazy_parsers[name] = (module_path, class_name)
-
-    @classmethod
-    def register_module(cls, name: str | list[str], module: type[ToolParser]) -> type[ToolParser]:
-        if not (isinstance(module, type) and issubclass(module, ToolParser)):
-            raise TypeError(f"module must be a subclass of ToolParser, got {module!r}.")
-        for each in [name] if isinstance(name, str) else name:
-            cls.tool_parsers[each] = module
-        return module
+        return cls.get(name)

@@ -10,8 +10,9 @@ Nothing here may import `serving`: the engine uses it.
 import abc
 import dataclasses
 import functools
-import importlib
 from collections.abc import Sequence
+
+from vjx.utils.registry import LazyRegistry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,37 +72,13 @@ class ReasoningParser(abc.ABC):
         """What `delta_text` adds to each part; None when it adds nothing to be sent."""
 
 
-class ReasoningParserManager:
+class ReasoningParserManager(LazyRegistry):
     """Parsers by name. Built-in ones are registered lazily (module, class) and imported on
     first use; `register_module` adds a class under one or more names."""
 
-    reasoning_parsers: dict[str, type[ReasoningParser]] = {}
-    lazy_parsers: dict[str, tuple[str, str]] = {}
+    kind = "Reasoning parser"
+    base = ReasoningParser
 
     @classmethod
     def get_reasoning_parser(cls, name: str) -> type[ReasoningParser]:
-        """The parser class of `name`; a KeyError naming the registered ones otherwise."""
-        if name not in cls.reasoning_parsers:
-            if name not in cls.lazy_parsers:
-                raise KeyError(
-                    f"Reasoning parser {name!r} not found. Available parsers: {', '.join(cls.list_registered())}"
-                )
-            module_path, class_name = cls.lazy_parsers[name]
-            cls.reasoning_parsers[name] = getattr(importlib.import_module(module_path), class_name)
-        return cls.reasoning_parsers[name]
-
-    @classmethod
-    def list_registered(cls) -> list[str]:
-        return sorted(set(cls.reasoning_parsers) | set(cls.lazy_parsers))
-
-    @classmethod
-    def register_lazy_module(cls, name: str, module_path: str, class_name: str) -> None:
-        cls.lazy_parsers[name] = (module_path, class_name)
-
-    @classmethod
-    def register_module(cls, name: str | list[str], module: type[ReasoningParser]) -> type[ReasoningParser]:
-        if not (isinstance(module, type) and issubclass(module, ReasoningParser)):
-            raise TypeError(f"module must be a subclass of ReasoningParser, got {module!r}.")
-        for each in [name] if isinstance(name, str) else name:
-            cls.reasoning_parsers[each] = module
-        return module
+        return cls.get(name)
