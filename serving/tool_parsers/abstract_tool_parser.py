@@ -9,6 +9,7 @@ far) and the base class sends what grew since the last step, so any split of the
 into deltas sends the same calls.
 """
 
+import abc
 import dataclasses
 from collections.abc import Sequence
 
@@ -25,7 +26,7 @@ class ExtractedToolCallInformation:
     """The reply's text besides the calls (None: none)."""
 
 
-class ToolParser:
+class ToolParser(abc.ABC):
     supports_required_and_named: bool = True
     """vLLM's: whether `tool_choice="required"` and named choices take the JSON grammar
     (False: the parser's own format is forced and parsed as for "auto")."""
@@ -51,13 +52,14 @@ class ToolParser:
             return None
         return get_json_schema_from_tools(request.effective_tool_choice, request.tools, request.parallel_tool_calls)
 
+    @abc.abstractmethod
     def extract_tool_calls(self, model_output: str, request) -> ExtractedToolCallInformation:
-        raise NotImplementedError
+        """The content and the calls of a whole reply."""
 
+    @abc.abstractmethod
     def parse_streaming(self, current_text: str, request, finished: bool = False) -> tuple[str, list[StreamedToolCall]]:
         """The content so far and the calls so far in the text streamed until now; text that
         may begin a tool call's marker waits for the next delta unless `finished`."""
-        raise NotImplementedError
 
     def finish_streaming(self, current_text: str, request) -> DeltaMessage | None:
         """What the last step still owes: content held back as a possible marker's start."""

@@ -98,6 +98,8 @@ class Scheduler:
         self.structured_output_manager = structured_output_manager
         self._grammar_failures: set[str] = set()
         """Waiting requests whose grammar did not compile: the next update fails them."""
+        self._num_constrained_reqs = 0
+        """Unfinished requests with a grammar: with none, a step spends nothing on grammars."""
         max_model_len = scheduler_config.max_model_len
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config
@@ -142,6 +144,7 @@ class Scheduler:
             if self.structured_output_manager is None:
                 raise ValueError(f"request {request.request_id!r} has structured_outputs; this scheduler takes none.")
             self.structured_output_manager.grammar_init(request)
+            self._num_constrained_reqs += 1
         self.waiting.add_request(request)
         self.requests[request.request_id] = request
         request.record_event(EngineCoreEventType.QUEUED)
@@ -411,7 +414,7 @@ class Scheduler:
 
     def has_structured_output_requests(self, scheduler_output: SchedulerOutput) -> bool:
         """Whether a constrained request runs in the step (its mask needs its latest token)."""
-        if self.structured_output_manager is None:
+        if not self._num_constrained_reqs:
             return False
         requests = self.requests
         return any(
@@ -423,7 +426,7 @@ class Scheduler:
         """Sets the step's grammar bitmask (one row per scheduled request, in the order of
         `num_scheduled_tokens`) when some scheduled request is constrained: called right
         before the step is dispatched, once every token its masks depend on is in."""
-        if self.structured_output_manager is None:
+        if not self._num_constrained_reqs:
             return
         requests = [self.requests.get(req_id) for req_id in scheduler_output.num_scheduled_tokens]
         scheduler_output.grammar_bitmask = self.structured_output_manager.grammar_bitmask(requests)
@@ -458,6 +461,8 @@ class Scheduler:
             self._free_request(request)
 
     def _free_request(self, request: Request) -> None:
+        if request.structured_output_request is not None:
+            self._num_constrained_reqs -= 1
         self.kv_cache_manager.free(request)
         self.finished_req_ids.add(request.request_id)
         self._finished_req_ids_to_report.add(request.request_id)
