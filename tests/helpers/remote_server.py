@@ -27,9 +27,12 @@ def free_port() -> int:
 
 
 def _jax_cache_env() -> dict[str, str]:
-    """The test session's persistent compile cache (tests/conftest.py), for the server too."""
+    """The test session's persistent compile cache (tests/conftest.py), for the server too
+    (none when this process has none: the server then takes vjx's default)."""
     import jax
 
+    if not jax.config.jax_compilation_cache_dir:
+        return {}
     return {
         "JAX_COMPILATION_CACHE_DIR": str(jax.config.jax_compilation_cache_dir),
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",

@@ -306,6 +306,20 @@ def test_auto_parses_the_models_text_and_streams_the_same(client):
     assert streamed == (choice.message.content or "", calls, choice.finish_reason)
 
 
+def test_auto_parses_hermes_calls_after_content(client):
+    """vLLM's `structured_outputs` regex fixes the reply to text and two calls in Hermes's format."""
+    reply = (
+        'Checking. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "get_time", "arguments": {"city": "Lyon"}}\n</tool_call>'
+    )
+    forced = {**GREEDY, "max_tokens": 96, "extra_body": {"structured_outputs": {"regex": re.escape(reply)}}}
+    chat = client.chat.completions.create(tool_choice="auto", **forced)
+    choice = chat.choices[0]
+    calls = [("get_weather", '{"city": "Paris"}'), ("get_time", '{"city": "Lyon"}')]
+    assert (choice.message.content, _calls(choice.message), choice.finish_reason) == ("Checking. ", calls, "tool_calls")
+    assert _reassembled(client.chat.completions.create(stream=True, **forced)) == ("Checking. ", calls, "tool_calls")
+
+
 def test_the_tools_and_tool_messages_reach_the_chat_template(server, client):
     template = (
         "{% for tool in tools %}[{{ tool.function.name }}]{% endfor %}"
