@@ -38,6 +38,8 @@ class ModelConfig:
     generation_config.json."""
     override_generation_config: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Generation-config fields set on top of those (the only ones with "vllm")."""
+    quantization: str | None = None
+    """How linear weights are quantized at load (vjx/quantization/: "fp8"), or None."""
 
     @property
     def architecture(self) -> str:

@@ -20,6 +20,7 @@ from vjx.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig
 from vjx.engine.vllm_args import FLAG_ALIASES, SERVER, VLLM_ARG_BY_NAME, VllmCompatArgs, verify_vllm_args
 from vjx.models import hub
 from vjx.models.registry import verify_tensor_parallel
+from vjx.quantization import QUANTIZATION_METHODS, get_quantization_config
 from vjx.sampling_params import SamplingParams
 from vjx.sharding.mesh import device_groups
 from vjx.utils.argparse_utils import flag_kwargs, json_object
@@ -161,6 +162,11 @@ class EngineArgs(VllmCompatArgs):
         "own scheduler and KV cache; requests go to the least loaded one.",
     )
     load_format: str = _field("auto", f"How to read weights: one of {_LOAD_FORMATS}.")
+    quantization: str | None = _field(
+        None,
+        "Quantize the linear weights at load: 'fp8' (float8_e4m3fn weights with per-channel "
+        "scales, activations per token); None keeps the checkpoint's dtype.",
+    )
     reasoning_parser: str = _field(
         "",
         "Reasoning parser of the model's think blocks (e.g. deepseek_r1, qwen3): the server "
@@ -179,6 +185,11 @@ class EngineArgs(VllmCompatArgs):
             if getattr(self, name) is None:
                 setattr(self, name, type(self).__dataclass_fields__[name].default)
         verify_vllm_args(self)
+        if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
+            raise ValueError(
+                f"quantization={self.quantization!r} is not supported by vjx: the methods built are "
+                f"{sorted(QUANTIZATION_METHODS)}; leave it at vLLM's default (None) for the checkpoint's dtype."
+            )
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -218,8 +229,10 @@ class EngineArgs(VllmCompatArgs):
             max_logprobs=self.max_logprobs,
             generation_config=self.generation_config,
             override_generation_config=dict(self.override_generation_config),
+            quantization=self.quantization,
         )
         _verify_generation_config(model_config)
+        get_quantization_config(self.quantization, hf_config)
         parallel_config = self.create_parallel_config()
         verify_tensor_parallel(hf_config.get_text_config(), self.tensor_parallel_size)
         device_groups(parallel_config)

@@ -46,7 +46,7 @@ _MULTI_NODE = "multi-node and externally launched data parallelism are not built
 _CONTEXT_PARALLEL = "context parallelism is not built yet"
 _OFFLOAD = "weight and KV offloading are not built yet"
 _MAMBA = "Mamba and linear-attention models are not built yet"
-_QUANT = "quantized weights and KV caches are not built yet"
+_QUANT = "quantized checkpoints and KV caches are not built yet (quantization='fp8' is)"
 _QUANT_OFF = "vjx loads no quantized checkpoints, deprecated or not"
 _POOLING = "pooling models are not built yet"
 _KV_TRANSFER = "KV transfer, KV events and weight transfer are not built yet"
@@ -196,7 +196,7 @@ VLLM_ARGS: tuple[VllmArg, ...] = tuple(
         ("hf_overrides", {}, "json_or_str", UNSUPPORTED, "overriding the Hugging Face config is not built yet"),
         ("model_class_overrides", {}, "json", UNSUPPORTED, _PLUGINS),
         ("tokenizer_revision", None, "str", VJX, ""),
-        ("quantization", None, "str", UNSUPPORTED, _QUANT),
+        ("quantization", None, "str", VJX, ""),
         ("quantization_config", None, "json", UNSUPPORTED, _QUANT),
         ("allow_deprecated_quantization", False, "bool", NO_EFFECT, _QUANT_OFF),
         ("enforce_eager", False, "bool", NO_EFFECT, _COMPILE),

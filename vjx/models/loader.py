@@ -30,9 +30,10 @@ from jax.sharding import Mesh, Sharding, SingleDeviceSharding
 
 from vjx.attention.backend import AttentionBackend
 from vjx.config import ModelConfig
-from vjx.models.layers.linear import INIT_STDDEV
+from vjx.models.layers.linear import INIT_STDDEV, Linear
 from vjx.models.layers.param import logical_axes_of
 from vjx.models.registry import get_model_class
+from vjx.quantization import QuantizationConfig, get_quantization_config
 from vjx.sharding.mesh import model_axis_size
 from vjx.sharding.placement import kv_head_replicas, place, repeat_kv_heads
 from vjx.sharding.rules import logical_sharding
@@ -75,9 +76,12 @@ class _Placement:
     mesh: Mesh | None
 
     def sharding(self, param: nnx.Param) -> Sharding:
+        return self.sharding_of(logical_axes_of(param))
+
+    def sharding_of(self, logical_axes: tuple[str | None, ...]) -> Sharding:
         if self.mesh is None:
             return SingleDeviceSharding(jax.devices()[0])
-        return logical_sharding(self.mesh, logical_axes_of(param))
+        return logical_sharding(self.mesh, logical_axes)
 
     def kv_head_replicas(self, param: nnx.Param) -> int:
         """Copies of each KV head of `param` (1 for params without KV heads)."""
@@ -122,7 +126,21 @@ def get_model(model_config: ModelConfig, backend: AttentionBackend, *, mesh: Mes
         is_tied = getattr(model_config.hf_text_config, "tie_word_embeddings", False)
         names = _CheckpointNames(model_cls.CHECKPOINT_PREFIXES, is_tied)
         _fill_from_safetensors(slots, pathlib.Path(model_config.model), names, placement)
+    quant_config = get_quantization_config(model_config.quantization, model_config.hf_config)
+    if quant_config is not None:
+        _quantize(model, quant_config, placement)
     return model
+
+
+def _quantize(model: nnx.Module, quant_config: QuantizationConfig, placement: _Placement) -> None:
+    """Hands each linear layer the method `quant_config` picks for its checkpoint prefix,
+    which rewrites the layer's loaded params."""
+    layers = [(".".join(map(str, path)), node) for path, node in nnx.iter_graph(model) if isinstance(node, Linear)]
+    for prefix, layer in layers:
+        method = quant_config.get_quant_method(layer, prefix)
+        if method is not None:
+            method.process_weights_after_loading(layer, placement.sharding_of)
+            layer.quant_method = method
 
 
 def _param_slots(model: nnx.Module) -> dict[str, _ParamSlot]:

@@ -20,15 +20,18 @@ from flax import nnx
 from jaxtyping import Array, Float, Int
 
 from vjx.models.layers.param import HFParamLayer, logical_param
+from vjx.quantization.base import LinearMethod, UnquantizedLinearMethod
 
 INIT_STDDEV = 0.02
 """Standard deviation of freshly initialized kernels and embeddings."""
 
 
 class Linear(nnx.Module, HFParamLayer):
-    """y = einsum(x, kernel) (+ bias), computed in the params' dtype."""
+    """y = einsum(x, kernel) (+ bias), computed in the params' dtype, or by the layer's
+    quantization method (vjx/quantization/), which the loader sets after loading."""
 
     HF_NAMES = {"weight": "kernel", "bias": "bias"}
+    quant_method: LinearMethod = UnquantizedLinearMethod()
 
     def __init__(
         self,
@@ -48,10 +51,7 @@ class Linear(nnx.Module, HFParamLayer):
         self.bias = logical_param(jnp.zeros(out_shape, dtype), logical_axes[self.num_in_dims :]) if use_bias else None
 
     def __call__(self, x: Float[Array, "..."]) -> Float[Array, "..."]:
-        y = jnp.einsum(self.einsum_str, x, self.kernel[...])
-        if self.bias is not None:
-            y = y + self.bias[...]
-        return y
+        return self.quant_method.apply(self, x)
 
     def to_param_layout(self, attr: str, tensors: Sequence[np.ndarray]) -> np.ndarray:
         """torch's weight [prod(out dims), prod(in dims)] -> kernel [*in dims, *out dims]."""
