@@ -1,19 +1,23 @@
 r"""Quantized vs unquantized weights: per format, the linear weights' device bytes, one
 projection's GEMM time and the decode step time at each batch size.
 
-    python -m benchmarks.quantization [--formats none fp8 --batch-sizes 1 64 --output-len 32] \
-        [--output-json quantization.json] [engine args...]
+    python -m benchmarks.quantization [--formats none fp8 awq ... --batch-sizes 1 64 --output-len 32] \
+        [--group-size 64] [--output-json quantization.json] [engine args...]
 
-Each format starts its own engine on the same checkpoint (`quantization=` the format; "none"
-keeps the checkpoint's dtype). The GEMM is the first layer's down projection (the model's
-real [intermediate, hidden] shape) run alone, jitted, at batch-size tokens; best of
-`--repeats` x 20 calls. The decode step time is a batch's generate time (random prompts of
-`--input-len` ids, every request running exactly `--output-len` tokens) over its output length;
-best of `--repeats` after a warm-up run.
+Each format starts its own engine on the same model: "none" keeps the checkpoint's dtype,
+"fp8" and "ptpc_fp8" quantize it at load (`quantization=`), and the checkpoint formats of
+benchmarks/quantized_checkpoints.py (awq, gptq, ct_int8, fp8_block, ...) load a copy of the
+checkpoint written in that format first (round-to-nearest, `--group-size` groups and blocks:
+it must divide the hidden and MLP sizes; SmolLM2-135M's 576 takes 64, not 128). The GEMM is
+the first layer's down projection (the model's real [intermediate, hidden] shape) run alone,
+jitted, at batch-size tokens; best of `--repeats` x 20 calls. The decode step time is a batch's
+generate time (random prompts of `--input-len` ids, every request running exactly
+`--output-len` tokens) over its output length; best of `--repeats` after a warm-up run.
 """
 
 import argparse
 import sys
+import tempfile
 import time
 
 import jax
@@ -24,6 +28,7 @@ from flax import nnx
 from benchmarks import harness
 from vjx import EngineArgs, SamplingParams
 from vjx.models.layers.linear import Linear
+from vjx.quantization import ONLINE_METHODS
 
 HEADER = ["format", "linear weight MB", "batch", "down_proj GEMM us", "decode step ms", "output tok/s"]
 _GEMM_CALLS = 20
@@ -42,10 +47,8 @@ def _linear_bytes(model: nnx.Module) -> int:
     return total
 
 
-def _gemm_us(layer: Linear, num_tokens: int, repeats: int) -> float:
-    in_shape = layer.kernel.shape[: layer.num_in_dims]
-    dtype = jnp.float32 if layer.kernel.dtype == jnp.float32 else jnp.bfloat16
-    x = jax.random.normal(jax.random.key(0), (num_tokens, *in_shape), dtype)
+def _gemm_us(layer: Linear, num_tokens: int, repeats: int, dtype: str) -> float:
+    x = jax.random.normal(jax.random.key(0), (num_tokens, *layer.in_shape), jnp.dtype(dtype))
     graphdef, state = nnx.split(layer)
     apply = jax.jit(lambda state, x: nnx.merge(graphdef, state)(x))
     apply(state, x).block_until_ready()
@@ -70,32 +73,47 @@ def _step_ms(llm, prompts: list[list[int]], params: SamplingParams, repeats: int
     return best / params.max_tokens * 1e3
 
 
+def _format_args(args: argparse.Namespace, fmt: str, directory: str) -> argparse.Namespace:
+    """The engine args of format `fmt`; a checkpoint format's copy is written to `directory`."""
+    if fmt in ("none", *ONLINE_METHODS):
+        return argparse.Namespace(**{**vars(args), "quantization": None if fmt == "none" else fmt})
+    import torch
+    import transformers
+
+    from benchmarks.quantized_checkpoints import write_checkpoint
+
+    source = EngineArgs(model=args.model)._resolve_model()
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    write_checkpoint(fmt, hf_model, directory, None, args.group_size)
+    return argparse.Namespace(**{**vars(args), "model": directory, "tokenizer": args.tokenizer or source})
+
+
 def run(args: argparse.Namespace) -> dict:
     rows, result = [], None
     for fmt in args.formats:
-        fmt_args = argparse.Namespace(**{**vars(args), "quantization": None if fmt == "none" else fmt})
-        llm, fmt_result = harness.start_engine_run(fmt_args, "quantization")
-        result = result or fmt_result
-        harness.check_batch_sizes(args.batch_sizes, llm.llm_engine.config.scheduler_config.max_num_seqs)
-        model = _model(llm)
-        down_proj = model.model.layers[0].mlp.down_proj
-        rng = np.random.default_rng(args.seed)
-        params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
-        for batch_size in args.batch_sizes:
-            prompts = harness.random_token_ids(rng, harness.prompt_vocab_size(llm), [args.input_len] * batch_size)
-            step_ms = _step_ms(llm, prompts, params, args.repeats)
-            rows.append(
-                {
-                    "format": fmt,
-                    "linear_weight_bytes": _linear_bytes(model),
-                    "batch_size": batch_size,
-                    "down_proj_gemm_us": _gemm_us(down_proj, batch_size, args.repeats),
-                    "decode_step_ms": step_ms,
-                    "output_tokens_per_s": batch_size * 1e3 / step_ms,
-                }
-            )
-        llm.shutdown()
-        del llm, model, down_proj
+        with tempfile.TemporaryDirectory() as directory:
+            llm, fmt_result = harness.start_engine_run(_format_args(args, fmt, directory), "quantization")
+            result = result or fmt_result
+            harness.check_batch_sizes(args.batch_sizes, llm.llm_engine.config.scheduler_config.max_num_seqs)
+            model, dtype = _model(llm), llm.llm_engine.config.model_config.dtype
+            down_proj = model.model.layers[0].mlp.down_proj
+            rng = np.random.default_rng(args.seed)
+            params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
+            for batch_size in args.batch_sizes:
+                prompts = harness.random_token_ids(rng, harness.prompt_vocab_size(llm), [args.input_len] * batch_size)
+                step_ms = _step_ms(llm, prompts, params, args.repeats)
+                rows.append(
+                    {
+                        "format": fmt,
+                        "linear_weight_bytes": _linear_bytes(model),
+                        "batch_size": batch_size,
+                        "down_proj_gemm_us": _gemm_us(down_proj, batch_size, args.repeats, dtype),
+                        "decode_step_ms": step_ms,
+                        "output_tokens_per_s": batch_size * 1e3 / step_ms,
+                    }
+                )
+            llm.shutdown()
+            del llm, model, down_proj
     result.update(input_len=args.input_len, output_len=args.output_len, repeats=args.repeats, rows=rows)
     return result
 
@@ -114,6 +132,7 @@ def table_row(row: dict) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--formats", nargs="+", default=["none", "fp8"])
+    parser.add_argument("--group-size", type=int, default=64)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--input-len", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=32)

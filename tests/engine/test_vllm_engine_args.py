@@ -102,7 +102,7 @@ def test_unsupported_fields_raise_naming_the_field(name):
     "kwargs, message",
     [
         ({"pipeline_parallel_size": 2}, "pipeline_parallel_size=2 is not supported by vjx"),
-        ({"quantization": "awq"}, "quantization='awq' is not supported by vjx"),
+        ({"quantization": "bitsandbytes"}, "quantization='bitsandbytes' is not supported by vjx"),
         ({"enable_lora": True}, "enable_lora=True is not supported by vjx"),
         ({"speculative_config": {"method": "ngram"}}, "speculative_config={'method': 'ngram'} is not supported"),
         ({"kv_transfer_config": {"kv_connector": "x"}}, "kv_transfer_config={'kv_connector': 'x'} is not supported"),
@@ -115,8 +115,8 @@ def test_well_known_unsupported_arguments(kwargs, message):
 
 
 def test_the_llm_refuses_an_unsupported_argument_before_starting_an_engine():
-    with pytest.raises(ValueError, match="^quantization='awq' is not supported by vjx"):
-        vjx.LLM("org/name", quantization="awq")
+    with pytest.raises(ValueError, match="^quantization='bitsandbytes' is not supported by vjx"):
+        vjx.LLM("org/name", quantization="bitsandbytes")
 
 
 @pytest.mark.parametrize("name, values", sorted(NO_EFFECT_VALUES.items()))

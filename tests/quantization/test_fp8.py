@@ -1,6 +1,6 @@
-"""`quantization="fp8"`: tiny random Qwen 3 and Phi-3 checkpoints (Phi-3's fused qkv and
-gate_up tensors included) loaded through the real loader and quantized at load, against the
-same checkpoint in float32, on one device and split over 4 (fake CPU) devices."""
+"""`quantization="fp8"` and `"ptpc_fp8"`: tiny random Qwen 3 and Phi-3 checkpoints (Phi-3's
+fused qkv and gate_up tensors included) loaded through the real loader and quantized at load,
+against the same checkpoint in float32, on one device and split over 4 (fake CPU) devices."""
 
 import dataclasses
 
@@ -17,7 +17,7 @@ from vjx.attention.sharded import ShardedBackend
 from vjx.config import ParallelConfig
 from vjx.models.layers.linear import Linear
 from vjx.models.loader import get_model
-from vjx.quantization.fp8 import Fp8LinearMethod
+from vjx.quantization.fp8 import Fp8OnlineLinearMethod
 from vjx.sharding.mesh import make_mesh
 
 PROMPT_LEN = 64
@@ -33,14 +33,21 @@ TP_REL_TOL = 0.01
 to the next FP8 value."""
 
 
-@pytest.fixture(scope="module", params=["qwen3", "phi3"])
-def family(request, tmp_path_factory) -> Family:
-    return Family(request.param, tmp_path_factory.mktemp(request.param))
+@pytest.fixture(scope="module", params=[("qwen3", "fp8"), ("phi3", "ptpc_fp8")], ids=lambda param: param[1])
+def family_and_method(request, tmp_path_factory) -> tuple[Family, str]:
+    name, method = request.param
+    return Family(name, tmp_path_factory.mktemp(name)), method
 
 
 @pytest.fixture(scope="module")
-def fp8_config(family):
-    return dataclasses.replace(family.model_config, quantization="fp8")
+def family(family_and_method) -> Family:
+    return family_and_method[0]
+
+
+@pytest.fixture(scope="module")
+def fp8_config(family_and_method):
+    family, method = family_and_method
+    return dataclasses.replace(family.model_config, quantization=method)
 
 
 @pytest.fixture(scope="module")
@@ -78,17 +85,18 @@ def test_logits_near_the_dequantized_model_and_greedy_tokens_in_its_top_2(family
     assert (top_2 == logits.argmax(-1)[:, None]).any(-1).mean() >= TOP_2_RATE
 
 
-def test_weights_take_one_byte_each_and_a_scale_per_output_channel(fp8_model):
+def test_weights_take_one_byte_each_and_a_scale_per_output_channel(fp8_model, fp8_config):
     linears = _linears(fp8_model)
     assert linears
     for prefix, layer in linears.items():
         if prefix == "lm_head":
             assert layer.kernel.dtype == jnp.float32
             continue
-        assert isinstance(layer.quant_method, Fp8LinearMethod), prefix
+        assert isinstance(layer.quant_method, Fp8OnlineLinearMethod), prefix
         kernel, scale = layer.kernel[...], layer.weight_scale[...]
         assert kernel.dtype == jnp.float8_e4m3fn and kernel.nbytes == kernel.size
         assert scale.dtype == jnp.float32 and scale.shape == kernel.shape[layer.num_in_dims :]
+        assert (np.unique(np.asarray(scale)).size == 1) == (fp8_config.quantization == "fp8"), prefix
 
 
 def test_tensor_parallel_equals_one_device(family, fp8_config, fp8_model):

@@ -22,6 +22,7 @@ import pytest
 from serving.cli import main
 from tests.helpers.json_schemas import random_schema
 from tests.helpers.remote_server import RemoteServer
+from tests.helpers.tool_stream import reassembled
 
 NUM_SCHEMAS = 30
 MAX_TOKENS = 160
@@ -250,23 +251,6 @@ GREEDY = dict(model="smollm2", messages=MESSAGES, tools=TOOLS, temperature=0.0, 
 """Room for a forced call (`[{"name": "get_weather", "parameters": {"city": "Paris"}}]` is ~20 tokens)."""
 
 
-def _reassembled(stream) -> tuple[str, list[tuple[str, str]], str | None]:
-    """A stream's content, its calls (name, arguments) put together, and its finish reason."""
-    content, calls, finish_reason = "", {}, None
-    for chunk in stream:
-        if not chunk.choices:
-            continue
-        choice = chunk.choices[0]
-        content += choice.delta.content or ""
-        for call in choice.delta.tool_calls or []:
-            if call.id is not None:
-                assert call.type == "function" and call.index not in calls
-                calls[call.index] = [call.function.name, ""]
-            calls[call.index][1] += call.function.arguments or ""
-        finish_reason = choice.finish_reason or finish_reason
-    return content, [tuple(calls[index]) for index in sorted(calls)], finish_reason
-
-
 def _calls(message) -> list[tuple[str, str]]:
     return [(call.function.name, call.function.arguments) for call in message.tool_calls or []]
 
@@ -282,7 +266,7 @@ def test_required_calls_a_tool_whole_and_streamed(client):
     assert all(json.loads(arguments)["city"] in ("Paris", "Lyon") for _, arguments in calls)
     assert all(call.id.startswith("chatcmpl-tool-") and call.type == "function" for call in choice.message.tool_calls)
     stream = client.chat.completions.create(stream=True, **required)
-    assert _reassembled(stream) == ("", calls, "tool_calls")
+    assert reassembled(stream) == ("", calls, "tool_calls")
 
 
 def test_a_named_function_is_called_whole_and_streamed(client):
@@ -293,7 +277,7 @@ def test_a_named_function_is_called_whole_and_streamed(client):
     [(name, arguments)] = _calls(choice.message)
     assert name == "get_time" and json.loads(arguments)["city"] in ("Paris", "Lyon")
     stream = client.chat.completions.create(tool_choice=named, stream=True, **GREEDY)
-    assert _reassembled(stream) == ("", [(name, arguments)], "stop")
+    assert reassembled(stream) == ("", [(name, arguments)], "stop")
 
 
 def test_auto_parses_the_models_text_and_streams_the_same(client):
@@ -302,7 +286,7 @@ def test_auto_parses_the_models_text_and_streams_the_same(client):
     choice = chat.choices[0]
     calls = _calls(choice.message)
     assert choice.finish_reason == ("tool_calls" if calls else "length")
-    streamed = _reassembled(client.chat.completions.create(stream=True, **auto))
+    streamed = reassembled(client.chat.completions.create(stream=True, **auto))
     assert streamed == (choice.message.content or "", calls, choice.finish_reason)
 
 
@@ -317,7 +301,7 @@ def test_auto_parses_hermes_calls_after_content(client):
     choice = chat.choices[0]
     calls = [("get_weather", '{"city": "Paris"}'), ("get_time", '{"city": "Lyon"}')]
     assert (choice.message.content, _calls(choice.message), choice.finish_reason) == ("Checking. ", calls, "tool_calls")
-    assert _reassembled(client.chat.completions.create(stream=True, **forced)) == ("Checking. ", calls, "tool_calls")
+    assert reassembled(client.chat.completions.create(stream=True, **forced)) == ("Checking. ", calls, "tool_calls")
 
 
 def test_the_tools_and_tool_messages_reach_the_chat_template(server, client):

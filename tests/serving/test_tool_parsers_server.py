@@ -19,6 +19,7 @@ import pytest
 from tests.helpers.remote_server import RemoteServer
 from tests.helpers.tiny_llama import save_tiny_llama
 from tests.helpers.tokenizer import make_tokenizer
+from tests.helpers.tool_stream import reassembled
 
 TEMPLATE = (
     "{% for tool in tools or [] %}{{ tool.function.name }}\n{% endfor %}"
@@ -79,27 +80,12 @@ def served(request, model_path):
     remote.stop(signal.SIGKILL)
 
 
-def _reassembled(stream) -> tuple[str, list[tuple[str, str]], str | None]:
-    """A stream's content, its calls (name, arguments) put together, and its finish reason."""
-    content, calls, finish_reason = "", {}, None
-    for chunk in stream:
-        for choice in chunk.choices:
-            content += choice.delta.content or ""
-            for call in choice.delta.tool_calls or []:
-                if call.id is not None:
-                    assert call.type == "function" and call.index not in calls
-                    calls[call.index] = [call.function.name, ""]
-                calls[call.index][1] += call.function.arguments or ""
-            finish_reason = choice.finish_reason or finish_reason
-    return content, [tuple(calls[index]) for index in sorted(calls)], finish_reason
-
-
 def _whole_and_streamed(client, **fields) -> tuple[str, list[tuple[str, str]], str | None]:
     """The whole reply's (content, calls, finish reason), asserted equal to the stream's."""
     choice = client.chat.completions.create(**REQUEST, **fields).choices[0]
     calls = [(call.function.name, call.function.arguments) for call in choice.message.tool_calls or []]
     whole = (choice.message.content or "", calls, choice.finish_reason)
-    assert _reassembled(client.chat.completions.create(stream=True, **REQUEST, **fields)) == whole
+    assert reassembled(client.chat.completions.create(stream=True, **REQUEST, **fields)) == whole
     return whole
 
 

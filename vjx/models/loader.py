@@ -51,6 +51,7 @@ _SAFETENSORS_DTYPES = {
     "I16": np.int16,
     "I8": np.int8,
     "U8": np.uint8,
+    "F8_E4M3": jnp.float8_e4m3fn,
     "BOOL": np.bool_,
 }
 # Checkpoint tensors that are derived from the config, not weights of the model.
@@ -118,6 +119,8 @@ def get_model(model_config: ModelConfig, backend: AttentionBackend, *, mesh: Mes
             max_model_len=model_config.max_model_len,
         )
     )
+    quant_config = get_quantization_config(model_config.quantization, model_config.hf_config)
+    quantized = _set_quant_methods(model, quant_config) if quant_config is not None else []
     slots = _param_slots(model)
     placement = _Placement(mesh)
     if model_config.load_format == "dummy":
@@ -126,21 +129,23 @@ def get_model(model_config: ModelConfig, backend: AttentionBackend, *, mesh: Mes
         is_tied = getattr(model_config.hf_text_config, "tie_word_embeddings", False)
         names = _CheckpointNames(model_cls.CHECKPOINT_PREFIXES, is_tied)
         _fill_from_safetensors(slots, pathlib.Path(model_config.model), names, placement)
-    quant_config = get_quantization_config(model_config.quantization, model_config.hf_config)
-    if quant_config is not None:
-        _quantize(model, quant_config, placement)
+    for layer in quantized:
+        layer.quant_method.process_weights_after_loading(layer, placement.sharding_of)
     return model
 
 
-def _quantize(model: nnx.Module, quant_config: QuantizationConfig, placement: _Placement) -> None:
-    """Hands each linear layer the method `quant_config` picks for its checkpoint prefix,
-    which rewrites the layer's loaded params."""
-    layers = [(".".join(map(str, path)), node) for path, node in nnx.iter_graph(model) if isinstance(node, Linear)]
-    for prefix, layer in layers:
-        method = quant_config.get_quant_method(layer, prefix)
-        if method is not None:
-            method.process_weights_after_loading(layer, placement.sharding_of)
-            layer.quant_method = method
+def _set_quant_methods(model: nnx.Module, quant_config: QuantizationConfig) -> list[Linear]:
+    """Hands each linear layer the method `quant_config` picks for its module path, which
+    declares the params the layer loads; returns the layers it quantizes."""
+    quantized = []
+    for path, layer in nnx.iter_graph(model):
+        if isinstance(layer, Linear):
+            method = quant_config.get_quant_method(layer, ".".join(map(str, path)))
+            if method is not None:
+                layer.quant_method = method
+                method.create_weights(layer)
+                quantized.append(layer)
+    return quantized
 
 
 def _param_slots(model: nnx.Module) -> dict[str, _ParamSlot]:
@@ -192,7 +197,11 @@ def _dummy_fn(
         if logical_axes == ("norm",):
             return jnp.ones(shape, dtype)
         key = jax.random.fold_in(jax.random.key(seed), index)
-        value = jax.random.normal(key, shape, dtype) * jnp.asarray(INIT_STDDEV, dtype)
+        if jnp.issubdtype(dtype, jnp.integer):
+            info = jnp.iinfo(dtype)
+            return jax.random.randint(key, shape, info.min, info.max, jnp.int32).astype(dtype)
+        draw_dtype = dtype if dtype.itemsize > 1 else jnp.float32
+        value = (jax.random.normal(key, shape, draw_dtype) * jnp.asarray(INIT_STDDEV, draw_dtype)).astype(dtype)
         return repeat_kv_heads(value, logical_axes, replicas)
 
     return jax.jit(make, out_shardings=sharding)

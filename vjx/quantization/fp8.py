@@ -1,14 +1,17 @@
-"""`quantization="fp8"`: a bf16 checkpoint's linear weights quantized at load to
-float8_e4m3fn with one scale per output channel, activations quantized per token as they come
-(dynamic W8A8), as vLLM's online FP8.
+"""FP8 (float8_e4m3fn), vLLM's `fp8` and `ptpc_fp8`.
 
-The matmul multiplies the two FP8 operands with float32 accumulation and scales the result by
-the token's and the channel's scales: on Hopper, XLA lowers this pattern to an FP8 GEMM; on CPU
-the same program runs as is.
+At load (`quantization="fp8"` or `"ptpc_fp8"` on a bf16 checkpoint), every linear weight but
+the LM head is quantized to FP8 with one scale per tensor ("fp8") or per output channel
+("ptpc_fp8"); activations are quantized per token as they come (dynamic W8A8; vLLM's "fp8"
+uses one dynamic scale per batch instead, which makes a request's output depend on its
+neighbours). A checkpoint whose `quantization_config` says `quant_method: "fp8"` is already
+FP8: per tensor with dynamic or static activation scales, or block-wise (`weight_block_size`,
+scales `weight_scale_inv` per 128x128 block, as DeepSeek and Qwen FP8 checkpoints ship).
 """
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -17,58 +20,162 @@ from flax import nnx
 from jaxtyping import Array, Float
 
 from vjx.models.layers.param import logical_axes_of, logical_param
-from vjx.quantization.base import LinearMethod, QuantizationConfig, add_bias, flat_shapes
+from vjx.quantization.base import (
+    LinearMethod,
+    QuantizationConfig,
+    abstract_param,
+    add_bias,
+    flat_shapes,
+    is_layer_skipped,
+    out_axes,
+)
+from vjx.quantization.w8a8 import FP8_DTYPE, MIN_SCALE, W8A8LinearMethod, quant_max, quantize, w8a8_matmul
 
-FP8_DTYPE = jnp.float8_e4m3fn
-FP8_MAX = float(jnp.finfo(FP8_DTYPE).max)
-_MIN_SCALE = 1e-12
-"""Floor of a scale, so that an all-zero row or channel quantizes to zeros, not NaNs."""
+ACTIVATION_SCHEMES = ("dynamic", "static")
 
 
 class Fp8Config(QuantizationConfig):
-    """Every linear layer but the LM head in FP8 (vLLM leaves the LM head unquantized)."""
+    """FP8 linear layers; the LM head stays unquantized, as in vLLM."""
+
+    def __init__(
+        self,
+        *,
+        per_channel: bool = False,
+        is_checkpoint_fp8_serialized: bool = False,
+        activation_scheme: str = "dynamic",
+        weight_block_size: tuple[int, int] | None = None,
+        ignored_layers: Sequence[str] = (),
+    ):
+        self.per_channel = per_channel
+        self.is_checkpoint_fp8_serialized = is_checkpoint_fp8_serialized
+        self.activation_scheme = activation_scheme
+        self.weight_block_size = weight_block_size
+        self.ignored_layers = tuple(ignored_layers)
 
     @classmethod
     def get_name(cls) -> str:
         return "fp8"
 
+    @classmethod
+    def from_config(cls, config: dict) -> "Fp8Config":
+        activation_scheme = config.get("activation_scheme", "dynamic")
+        if activation_scheme not in ACTIVATION_SCHEMES:
+            raise ValueError(f"activation_scheme must be one of {ACTIVATION_SCHEMES}, got {activation_scheme!r}.")
+        block = config.get("weight_block_size")
+        if block is not None and (len(block) != 2 or activation_scheme != "dynamic"):
+            raise ValueError(f"block-wise FP8 takes weight_block_size [n, k] and dynamic activations, got {config}.")
+        ignored = config.get("ignored_layers") or config.get("modules_to_not_convert") or ()
+        return cls(
+            is_checkpoint_fp8_serialized=True,
+            activation_scheme=activation_scheme,
+            weight_block_size=tuple(block) if block is not None else None,
+            ignored_layers=ignored,
+        )
+
     def get_quant_method(self, layer: nnx.Module, prefix: str) -> LinearMethod | None:
-        return None if prefix == "lm_head" else Fp8LinearMethod()
+        if prefix == "lm_head" or is_layer_skipped(layer, prefix, self.ignored_layers):
+            return None
+        if not self.is_checkpoint_fp8_serialized:
+            return Fp8OnlineLinearMethod(self.per_channel)
+        if self.weight_block_size is not None:
+            return BlockFp8LinearMethod(self.weight_block_size, "weight_scale_inv")
+        return W8A8LinearMethod("float8_e4m3fn", static_input_scale=self.activation_scheme == "static")
+
+
+class PtpcFp8Config(Fp8Config):
+    """vLLM's `ptpc_fp8`: FP8 at load with a scale per output channel and per token."""
+
+    def __init__(self):
+        super().__init__(per_channel=True)
+
+    @classmethod
+    def get_name(cls) -> str:
+        return "ptpc_fp8"
+
+    @classmethod
+    def from_config(cls, config: dict) -> "Fp8Config":
+        raise ValueError("ptpc_fp8 quantizes at load; an FP8 checkpoint says quant_method 'fp8'.")
 
 
 @dataclasses.dataclass(frozen=True)
-class Fp8LinearMethod(LinearMethod):
-    """kernel: float8_e4m3fn in the layer's layout; weight_scale: float32 per output channel."""
+class Fp8OnlineLinearMethod(LinearMethod):
+    """Loads the model-dtype kernel, then stores it as float8_e4m3fn with a float32 scale
+    per output channel (`per_channel`) or one per tensor, repeated over the channels."""
+
+    per_channel: bool
 
     def process_weights_after_loading(self, layer: nnx.Module, sharding_of) -> None:
         axes = logical_axes_of(layer.kernel)
-        out_axes = axes[layer.num_in_dims :]
-        quantize = _quantize_fn(layer.num_in_dims, sharding_of(axes), sharding_of(out_axes))
-        kernel, scale = quantize(layer.kernel[...])
+        quantize_fn = _quantize_fn(layer.num_in_dims, self.per_channel, sharding_of(axes), sharding_of(out_axes(layer)))
+        kernel, scale = quantize_fn(layer.kernel[...])
         layer.kernel = logical_param(kernel, axes)
-        layer.weight_scale = logical_param(scale, out_axes)
+        layer.weight_scale = logical_param(scale, out_axes(layer))
+
+    def apply(self, layer: nnx.Module, x: Float[Array, "..."]) -> Float[Array, "..."]:
+        return w8a8_matmul(layer, x, FP8_DTYPE)
+
+
+@functools.cache
+def _quantize_fn(num_in_dims: int, per_channel: bool, kernel_sharding, scale_sharding):
+    """kernel -> (its FP8 values, the float32 scale of each output channel), on the devices."""
+
+    def quantize_kernel(kernel):
+        w = kernel.astype(jnp.float32)
+        absmax = jnp.max(jnp.abs(w), axis=tuple(range(num_in_dims)))
+        if not per_channel:
+            absmax = jnp.full_like(absmax, jnp.max(absmax))
+        scale = jnp.maximum(absmax, MIN_SCALE) / quant_max(FP8_DTYPE)
+        return quantize(w, scale, FP8_DTYPE), scale
+
+    return jax.jit(quantize_kernel, out_shardings=(kernel_sharding, scale_sharding))
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockFp8LinearMethod(LinearMethod):
+    """An FP8 kernel with one scale per (n, k) = (output rows, input columns) block of the
+    checkpoint's weight [out, in], under the tensor name `scale_name`.
+
+    The scales are stored per input block and output channel, [in / k, *output dims] (each
+    block's scale repeated over its n rows), which lays out through fused layers like any
+    per-channel value. The matmul dequantizes the kernel block by block to the activations'
+    dtype; the FP8 GEMM with per-token-group activation scales is the GPU issue's."""
+
+    block_size: tuple[int, int]
+    scale_name: str
+
+    @property
+    def HF_NAMES(self) -> dict[str, str]:
+        return {"weight": "kernel", self.scale_name: "weight_scale"}
+
+    def create_weights(self, layer: nnx.Module) -> None:
+        in_shape, _ = flat_shapes(layer)
+        num_in = int(np.prod(in_shape))
+        block_in = self.block_size[1]
+        if num_in % block_in:
+            raise ValueError(
+                f"a block-wise FP8 layer's input size ({num_in}) must be a multiple of its block size {block_in}."
+            )
+        axes = logical_axes_of(layer.kernel)
+        layer.kernel = abstract_param(layer.kernel.shape, FP8_DTYPE, axes)
+        layer.weight_scale = abstract_param(
+            (num_in // block_in, *layer.out_shape), jnp.float32, (axes[0], *out_axes(layer))
+        )
+
+    def to_param_layout(self, layer: nnx.Module, attr: str, tensors: Sequence[np.ndarray]) -> np.ndarray:
+        if attr != "weight_scale":
+            return super().to_param_layout(layer, attr, tensors)
+        block_out = self.block_size[0]
+        rows = [
+            np.repeat(np.asarray(tensor, np.float32), block_out, axis=0)[:width]
+            for tensor, width in zip(tensors, layer.part_widths(), strict=True)
+        ]
+        return layer.lay_out(rows, (rows[0].shape[1],))
 
     def apply(self, layer: nnx.Module, x: Float[Array, "..."]) -> Float[Array, "..."]:
         in_shape, out_shape = flat_shapes(layer)
         batch_shape = x.shape[: x.ndim - len(in_shape)]
         x_BI = x.reshape(-1, int(np.prod(in_shape)))
-        x_scale_B1 = jnp.maximum(jnp.max(jnp.abs(x_BI), axis=-1, keepdims=True).astype(jnp.float32), _MIN_SCALE)
-        x_scale_B1 = x_scale_B1 / FP8_MAX
-        xq_BI = jnp.clip(x_BI / x_scale_B1, -FP8_MAX, FP8_MAX).astype(FP8_DTYPE)
-        w_IO = layer.kernel[...].reshape(xq_BI.shape[1], -1)
-        y_BO = jnp.dot(xq_BI, w_IO, preferred_element_type=jnp.float32)
-        y_BO = y_BO * x_scale_B1 * layer.weight_scale[...].reshape(1, -1)
-        return add_bias(layer, y_BO.astype(x.dtype).reshape(*batch_shape, *out_shape))
-
-
-@functools.cache
-def _quantize_fn(num_in_dims: int, kernel_sharding, scale_sharding):
-    """kernel -> (its FP8 values, the float32 scale of each output channel), on the devices."""
-
-    def quantize(kernel):
-        w = kernel.astype(jnp.float32)
-        absmax = jnp.max(jnp.abs(w), axis=tuple(range(num_in_dims)))
-        scale = jnp.maximum(absmax, _MIN_SCALE) / FP8_MAX
-        return jnp.clip(w / scale, -FP8_MAX, FP8_MAX).astype(FP8_DTYPE), scale
-
-    return jax.jit(quantize, out_shardings=(kernel_sharding, scale_sharding))
+        scale_GO = layer.weight_scale[...].reshape(layer.weight_scale.shape[0], 1, -1)
+        w_GKO = layer.kernel[...].reshape(scale_GO.shape[0], -1, scale_GO.shape[2]).astype(jnp.float32) * scale_GO
+        y_BO = jnp.dot(x_BI, w_GKO.reshape(x_BI.shape[1], -1).astype(x.dtype))
+        return add_bias(layer, y_BO.reshape(*batch_shape, *out_shape))

@@ -72,7 +72,8 @@ def place(host: np.ndarray, dtype, sharding: Sharding) -> jax.Array:
 
 
 def _block(host: np.ndarray, index: tuple[slice, ...], dtype) -> np.ndarray:
-    return np.ascontiguousarray(host[index]).astype(dtype, copy=False)
+    block = host[index]
+    return np.ascontiguousarray(block).reshape(np.shape(block)).astype(dtype, copy=False)
 
 
 def filled(shape: tuple[int, ...], dtype, value, sharding: Sharding) -> jax.Array:

@@ -28,9 +28,12 @@ INIT_STDDEV = 0.02
 
 class Linear(nnx.Module, HFParamLayer):
     """y = einsum(x, kernel) (+ bias), computed in the params' dtype, or by the layer's
-    quantization method (vjx/quantization/), which the loader sets after loading."""
+    quantization method (vjx/quantization/), which the loader sets before loading: the method
+    names the checkpoint tensors the layer reads and the params they fill.
 
-    HF_NAMES = {"weight": "kernel", "bias": "bias"}
+    `in_shape` and `out_shape` are the kernel's input and output dimensions as the checkpoint
+    has them (before the loader repeats KV heads for tensor parallelism)."""
+
     quant_method: LinearMethod = UnquantizedLinearMethod()
 
     def __init__(
@@ -45,20 +48,39 @@ class Linear(nnx.Module, HFParamLayer):
     ):
         self.einsum_str = einsum_str
         self.num_in_dims = _num_contracted_dims(einsum_str)
+        self.in_shape = tuple(shape[: self.num_in_dims])
+        self.out_shape = tuple(shape[self.num_in_dims :])
         kernel = jax.random.normal(rngs.params(), shape, dtype) * jnp.asarray(INIT_STDDEV, dtype)
         self.kernel = logical_param(kernel, logical_axes)
-        out_shape = shape[self.num_in_dims :]
-        self.bias = logical_param(jnp.zeros(out_shape, dtype), logical_axes[self.num_in_dims :]) if use_bias else None
+        out_axes = logical_axes[self.num_in_dims :]
+        self.bias = logical_param(jnp.zeros(self.out_shape, dtype), out_axes) if use_bias else None
+
+    @property
+    def HF_NAMES(self) -> dict[str, str]:
+        return {**self.quant_method.HF_NAMES, "bias": "bias"}
 
     def __call__(self, x: Float[Array, "..."]) -> Float[Array, "..."]:
         return self.quant_method.apply(self, x)
 
     def to_param_layout(self, attr: str, tensors: Sequence[np.ndarray]) -> np.ndarray:
-        """torch's weight [prod(out dims), prod(in dims)] -> kernel [*in dims, *out dims]."""
-        (tensor,) = tensors
-        if attr == "kernel":
-            return tensor.T.reshape(self.kernel.shape)
-        return tensor.reshape(self.bias.shape)
+        return self.quant_method.to_param_layout(self, attr, tensors)
+
+    def lay_out(self, tensors: Sequence[np.ndarray], in_shape: tuple[int, ...] = ()) -> np.ndarray:
+        """torch-layout parts [part's output rows, *rest] -> [*in_shape, *output dims], where
+        `rest` flattens to prod(in_shape): a weight [out, in] becomes the kernel with in_shape
+        the input dims, a bias or per-channel scale [out] becomes [*output dims] (in_shape ())."""
+        rows = [tensor.reshape(tensor.shape[0], -1).T for tensor in tensors]
+        joined = self.join_outputs(rows)
+        return joined.reshape(*in_shape, *joined.shape[1:])
+
+    def join_outputs(self, rows: Sequence[np.ndarray]) -> np.ndarray:
+        """The parts' [R, part outputs] arrays -> [R, *output dims]."""
+        (row,) = rows
+        return row.reshape(row.shape[0], *self.out_shape)
+
+    def part_widths(self) -> tuple[int, ...]:
+        """Output rows of each checkpoint part, in `HF_PARTS` order."""
+        return (int(np.prod(self.out_shape)),)
 
 
 class QKVLinear(Linear):
@@ -95,14 +117,15 @@ class QKVLinear(Linear):
         q_TNH = y_TKCH[:, :, : num_parts - 2].reshape(num_tokens, -1, head_dim)
         return q_TNH, y_TKCH[:, :, num_parts - 2], y_TKCH[:, :, num_parts - 1]
 
-    def to_param_layout(self, attr: str, tensors: Sequence[np.ndarray]) -> np.ndarray:
-        """q_proj, k_proj, v_proj weights [heads * H, D] (biases [heads * H]) -> the groups."""
-        _, num_kv_heads, _, head_dim = self.kernel.shape
-        lead = (tensors[0].shape[1],) if attr == "kernel" else ()
-        groups = [
-            (tensor.T if attr == "kernel" else tensor).reshape(*lead, num_kv_heads, -1, head_dim) for tensor in tensors
-        ]
-        return np.concatenate(groups, axis=len(lead) + 1)
+    def join_outputs(self, rows: Sequence[np.ndarray]) -> np.ndarray:
+        """q_proj, k_proj, v_proj rows [R, heads * H] -> the groups [R, K, G + 2, H]."""
+        num_kv_heads, _, head_dim = self.out_shape
+        groups = [row.reshape(row.shape[0], num_kv_heads, -1, head_dim) for row in rows]
+        return np.concatenate(groups, axis=2)
+
+    def part_widths(self) -> tuple[int, ...]:
+        num_kv_heads, num_parts, head_dim = self.out_shape
+        return (num_kv_heads * (num_parts - 2) * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim)
 
 
 class FusedQKVLinear(QKVLinear):
@@ -111,12 +134,12 @@ class FusedQKVLinear(QKVLinear):
 
     HF_PARTS = ()
 
-    def to_param_layout(self, attr: str, tensors: Sequence[np.ndarray]) -> np.ndarray:
-        (tensor,) = tensors
-        _, num_kv_heads, num_parts, head_dim = self.kernel.shape
-        q_rows = num_kv_heads * (num_parts - 2) * head_dim
-        parts = np.split(tensor, [q_rows, q_rows + num_kv_heads * head_dim], axis=0)
-        return super().to_param_layout(attr, parts)
+    def join_outputs(self, rows: Sequence[np.ndarray]) -> np.ndarray:
+        (row,) = rows
+        return super().join_outputs(np.split(row, np.cumsum(super().part_widths())[:-1], axis=1))
+
+    def part_widths(self) -> tuple[int, ...]:
+        return (int(np.prod(self.out_shape)),)
 
 
 class MergedLinear(Linear):
@@ -150,9 +173,13 @@ class MergedLinear(Linear):
         y_TPF = super().__call__(x)
         return tuple(y_TPF[:, part] for part in range(y_TPF.shape[1]))
 
-    def to_param_layout(self, attr: str, tensors: Sequence[np.ndarray]) -> np.ndarray:
-        """Weights [F, D] (biases [F]) of the parts, stacked on the parts axis."""
-        return np.stack([tensor.T if attr == "kernel" else tensor for tensor in tensors], axis=-2)
+    def join_outputs(self, rows: Sequence[np.ndarray]) -> np.ndarray:
+        """The parts' rows [R, F], stacked on the parts axis."""
+        return np.stack(rows, axis=1)
+
+    def part_widths(self) -> tuple[int, ...]:
+        num_parts, width = self.out_shape
+        return (width,) * num_parts
 
 
 class FusedMergedLinear(MergedLinear):
@@ -163,9 +190,12 @@ class FusedMergedLinear(MergedLinear):
         super().__init__(tuple(f"part{i}" for i in range(num_parts)), *args, **kwargs)
         self.HF_PARTS = ()
 
-    def to_param_layout(self, attr: str, tensors: Sequence[np.ndarray]) -> np.ndarray:
-        (tensor,) = tensors
-        return super().to_param_layout(attr, np.split(tensor, self.kernel.shape[1], axis=0))
+    def join_outputs(self, rows: Sequence[np.ndarray]) -> np.ndarray:
+        (row,) = rows
+        return super().join_outputs(np.split(row, self.out_shape[0], axis=1))
+
+    def part_widths(self) -> tuple[int, ...]:
+        return (int(np.prod(self.out_shape)),)
 
 
 class Embedding(nnx.Module, HFParamLayer):

@@ -14,7 +14,7 @@ import numpy as np
 from flax import nnx
 
 
-def logical_param(value: jax.Array, logical_axes: tuple[str | None, ...]) -> nnx.Param:
+def logical_param(value: jax.Array | jax.ShapeDtypeStruct, logical_axes: tuple[str | None, ...]) -> nnx.Param:
     """An `nnx.Param` holding `value`, one logical axis name per dimension."""
     if len(logical_axes) != len(value.shape):
         raise ValueError(
