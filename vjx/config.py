@@ -82,6 +82,10 @@ class CacheConfig:
     kv_cache_memory_bytes: int | None = None
     """KV cache bytes per device, instead of sizing the pool from free memory (and, on hosts
     without memory statistics, from what `max_num_seqs` requests of `max_model_len` need)."""
+    cache_dtype: str = "auto"
+    """KV cache element type (the `kv_cache_dtype` argument): "auto" (the model dtype) or "fp8" /
+    "fp8_e4m3" (float8_e4m3fn, one byte an element, scaled per tensor by each attention
+    layer's `k_scale` / `v_scale`)."""
 
 
 @dataclasses.dataclass(frozen=True)

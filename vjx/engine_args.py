@@ -18,6 +18,7 @@ import transformers
 from vjx.attention.backend import default_backend_name
 from vjx.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, StructuredOutputsConfig, VjxConfig
 from vjx.engine.vllm_args import FLAG_ALIASES, SERVER, VLLM_ARG_BY_NAME, VllmCompatArgs, verify_vllm_args
+from vjx.kv_cache_interface import KV_CACHE_DTYPES
 from vjx.models import hub
 from vjx.models.registry import verify_tensor_parallel
 from vjx.quantization import QUANTIZATION_METHODS, get_quantization_config
@@ -167,6 +168,12 @@ class EngineArgs(VllmCompatArgs):
         "Quantize the linear weights at load: 'fp8' (float8_e4m3fn weights with per-channel "
         "scales, activations per token); None keeps the checkpoint's dtype.",
     )
+    kv_cache_dtype: str = _field(
+        "auto",
+        f"KV cache element type, one of {list(KV_CACHE_DTYPES)}: 'auto' is the model dtype; 'fp8' "
+        "(alias 'fp8_e4m3') stores float8_e4m3fn, one byte an element (twice the blocks of bfloat16 in "
+        "the same memory), keys and values divided by each attention layer's k_scale / v_scale (1.0).",
+    )
     reasoning_parser: str = _field(
         "",
         "Reasoning parser of the model's think blocks (e.g. deepseek_r1, qwen3): the server "
@@ -185,6 +192,8 @@ class EngineArgs(VllmCompatArgs):
             if getattr(self, name) is None:
                 setattr(self, name, type(self).__dataclass_fields__[name].default)
         verify_vllm_args(self)
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {list(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}.")
         if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(
                 f"quantization={self.quantization!r} is not supported by vjx: the methods built are "
@@ -245,6 +254,7 @@ class EngineArgs(VllmCompatArgs):
                 kv_cache_memory_bytes=self.kv_cache_memory_bytes,
                 enable_prefix_caching=self.enable_prefix_caching,
                 prefix_caching_hash_algo=self.prefix_caching_hash_algo,
+                cache_dtype=self.kv_cache_dtype,
             ),
             scheduler_config=self._scheduler_config(max_model_len),
             parallel_config=parallel_config,

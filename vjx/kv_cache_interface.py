@@ -14,6 +14,17 @@ from collections.abc import Iterable
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1}
 
+KV_CACHE_DTYPES = {"auto": None, "fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn"}
+"""The `kv_cache_dtype` values vjx takes (vLLM's names) and the element type each stores;
+"auto" (None) stores the model dtype."""
+
+
+def kv_cache_dtype_name(kv_cache_dtype: str, model_dtype: str) -> str:
+    """The element type of a cache of `kv_cache_dtype` ("auto": `model_dtype`)."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {list(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}.")
+    return KV_CACHE_DTYPES[kv_cache_dtype] or model_dtype
+
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
@@ -48,7 +59,8 @@ class AttentionSpec(KVCacheSpec):
     """KV heads the cache holds (with tensor parallelism, the repeated heads included)."""
     head_size: int
     dtype: str
-    """Cache element type: "float32", "bfloat16", "float16", ..."""
+    """Cache element type: "float32", "bfloat16", "float16", or "float8_e4m3fn" (one byte an
+    element) for `kv_cache_dtype="fp8"`."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -95,7 +95,8 @@ def test_decode_launch_writes_rows_of_one_segment():
     batch = make_batch([(240, 1), (3, 1), (20, 1)], SHAPE)
     q, _, _, kv_cache = batch.device_arrays()
     md = batch.md
-    step = rpa._Step(q, kv_cache, md.query_start_loc, md.seq_lens, md.block_tables, md.num_seqs, SCORING, True)
+    scales = jnp.ones((2,), jnp.float32)
+    step = rpa._Step(q, kv_cache, scales, md.query_start_loc, md.seq_lens, md.block_tables, md.num_seqs, SCORING, True)
     geometry = kv_walk.Geometry(2, 4, 64, 16, block_m=16, block_k=16)
     splits = rpa._Splits(8, 4, 2, 16, None)  # 2 segments at most for 3 rows
     *_, out = rpa._decode(step, geometry, splits, TUNING.decode)

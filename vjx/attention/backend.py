@@ -14,6 +14,12 @@ class AttentionBackend(Protocol):
 
     Attention is causal, aligned to the END of each sequence: query i of a row with q_len
     query tokens and seq_len keys sees keys < seq_len - q_len + i + 1.
+
+    The cache's dtype is the model's, or float8_e4m3fn for `kv_cache_dtype="fp8"`: then the
+    write stores k / k_scale and v / v_scale (saturated at +-448), and attention reads the fp8
+    blocks back inside its kernel, converted to q's dtype and scaled (vjx/kernels/kv_quant.py).
+    The scales are the attention layer's float32 scalars (None: 1.0); a cache of the model
+    dtype ignores them, as vLLM's does.
     """
 
     name: str
@@ -36,6 +42,8 @@ class AttentionBackend(Protocol):
         sm_scale: float,
         sliding_window: int | None = None,
         soft_cap: float | None = None,
+        k_scale: Float[Array, ""] | None = None,
+        v_scale: Float[Array, ""] | None = None,
     ) -> tuple[Float[Array, "T N H"], Array]:
         """Returns the attention output and the updated cache."""
         ...

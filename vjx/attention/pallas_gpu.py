@@ -4,7 +4,8 @@ Legend: T tokens, N query heads, K kv heads, H head dim, P pages, S page size.
 
 Its cache layout is `[2, K, P, S, H]` (index 0 keys, 1 values; one kv head's page is
 contiguous), unlike the reference's `[2, P, S, K, H]`. Off a GPU the kernels run in Pallas
-interpret mode, which is how CI tests them.
+interpret mode, which is how CI tests them. An fp8 cache is quantized by the write and read
+back inside the attention kernel (vjx/kernels/kv_quant.py).
 """
 
 import dataclasses
@@ -15,6 +16,7 @@ from jaxtyping import Array, Float
 
 from vjx.attention.metadata import AttentionMetadata
 from vjx.kernels.kv_cache_write import write_kv_cache
+from vjx.kernels.kv_quant import kv_scales
 from vjx.kernels.ragged_paged_attention import Scoring, ragged_paged_attention
 from vjx.kernels.tuning import AttentionTuning
 
@@ -44,10 +46,12 @@ class PallasGpuBackend:
         sm_scale: float,
         sliding_window: int | None = None,
         soft_cap: float | None = None,
+        k_scale: Float[Array, ""] | None = None,
+        v_scale: Float[Array, ""] | None = None,
     ) -> tuple[Float[Array, "T N H"], Float[Array, "2 K P S H"]]:
         """Writes k/v at `md.slot_mapping`, then attends every token to its row's keys."""
         scoring = Scoring(sm_scale, sliding_window, soft_cap)
-        kv_cache = write_kv_cache(kv_cache, k, v, md.slot_mapping)
+        kv_cache = write_kv_cache(kv_cache, k, v, md.slot_mapping, k_scale, v_scale)
         interpret = self.interpret
         if interpret is None:
             interpret = jax.default_backend() != "gpu"
@@ -58,6 +62,7 @@ class PallasGpuBackend:
             md.seq_lens,
             md.block_tables,
             md.num_seqs,
+            kv_scales(k_scale, v_scale),
             scoring=scoring,
             tuning=self.tuning,
             interpret=interpret,

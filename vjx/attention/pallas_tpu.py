@@ -13,6 +13,7 @@ from typing import ClassVar
 from jaxtyping import Array, Float
 
 from vjx.attention.metadata import AttentionMetadata
+from vjx.kernels.kv_quant import kv_scales
 from vjx.kernels.ragged_paged_attention import Scoring
 from vjx.kernels.tpu_adapter import tpu_kv_cache_shape, tpu_ragged_paged_attention, write_kv_pages
 
@@ -43,10 +44,12 @@ class PallasTpuBackend:
         sm_scale: float,
         sliding_window: int | None = None,
         soft_cap: float | None = None,
+        k_scale: Float[Array, ""] | None = None,
+        v_scale: Float[Array, ""] | None = None,
     ) -> tuple[Float[Array, "T N H"], Float[Array, "P S K2 H"]]:
         """Writes k/v at `md.slot_mapping`, then attends every token to its row's keys."""
         scoring = Scoring(sm_scale, sliding_window, soft_cap)
-        kv_cache = write_kv_pages(kv_cache, k, v, md.slot_mapping)
+        kv_cache = write_kv_pages(kv_cache, k, v, md.slot_mapping, k_scale, v_scale)
         out = tpu_ragged_paged_attention(
             q,
             kv_cache,
@@ -54,6 +57,7 @@ class PallasTpuBackend:
             md.seq_lens,
             md.block_tables,
             md.num_seqs,
+            kv_scales(k_scale, v_scale),
             scoring=scoring,
             use_reference=self.use_reference,
         )

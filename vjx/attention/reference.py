@@ -5,7 +5,9 @@ Legend: T tokens, R request rows, N query heads, K kv heads, G query heads per k
 chunk (C pages * S).
 
 The cache of one layer is one array `[2, P, S, K, H]`: index 0 holds keys, 1 values; flat
-slot `block_id * S + offset` addresses one token's row.
+slot `block_id * S + offset` addresses one token's row. An fp8 cache holds k / k_scale and
+v / v_scale (vjx/kernels/kv_quant.py); each gathered chunk is dequantized to q's dtype as it
+is read.
 
 Attention walks each token's own block-table row in chunks of C pages with an online
 softmax, so memory stays `T x L x K x H` per chunk instead of `T x max_model_len`, and the
@@ -20,6 +22,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from vjx.attention.metadata import AttentionMetadata
+from vjx.kernels.kv_quant import dequantize, is_quantized, kv_scales, quantize
 
 # Finite, so a fully masked chunk gives exp(0) * 0 instead of inf - inf = NaN.
 _MASK_VALUE = -1e30
@@ -67,15 +70,17 @@ class ReferenceBackend:
         sm_scale: float,
         sliding_window: int | None = None,
         soft_cap: float | None = None,
+        k_scale: Float[Array, ""] | None = None,
+        v_scale: Float[Array, ""] | None = None,
     ) -> tuple[Float[Array, "T N H"], Float[Array, "2 P S K H"]]:
         """Writes k/v at `md.slot_mapping`, then attends every token to its row's keys."""
         if sliding_window is not None and sliding_window < 1:
             raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}.")
         if soft_cap is not None and soft_cap <= 0:
             raise ValueError(f"soft_cap must be > 0 or None, got {soft_cap}.")
-        kv_cache = write_kv(kv_cache, k, v, md.slot_mapping)
+        kv_cache = write_kv(kv_cache, k, v, md.slot_mapping, k_scale, v_scale)
         scoring = _Scoring(sm_scale, sliding_window, soft_cap)
-        out = self._attend(q, kv_cache, md, scoring)
+        out = self._attend(q, kv_cache, md, scoring, kv_scales(k_scale, v_scale))
         return out, kv_cache
 
     def _attend(
@@ -84,6 +89,7 @@ class ReferenceBackend:
         kv_cache: Float[Array, "2 P S K H"],
         md: AttentionMetadata,
         scoring: _Scoring,
+        scales: Float[Array, "2"] | None,
     ) -> Float[Array, "T N H"]:
         num_tokens, num_heads, head_dim = q.shape
         _, _, block_size, num_kv_heads, _ = kv_cache.shape
@@ -91,12 +97,15 @@ class ReferenceBackend:
         block_tables = _pad_width(md.block_tables, pages_per_chunk)
         tokens = _token_rows(md, num_tokens)
         q_TKGH = q.reshape(num_tokens, num_kv_heads, num_heads // num_kv_heads, head_dim)
+        chunk_scales = None if scales is None else scales.reshape(2, 1, 1, 1, 1)
 
         def chunk_step(chunk, carry):
             pages_RC = jax.lax.dynamic_slice_in_dim(block_tables, chunk * pages_per_chunk, pages_per_chunk, axis=1)
             kv_2TLKH = kv_cache[:, pages_RC[tokens.row]].reshape(
                 2, num_tokens, pages_per_chunk * block_size, num_kv_heads, head_dim
             )
+            if is_quantized(kv_cache.dtype):
+                kv_2TLKH = dequantize(kv_2TLKH, chunk_scales, q.dtype)
             first_key = chunk * pages_per_chunk * block_size
             return _online_softmax_step(carry, q_TKGH, kv_2TLKH, first_key, tokens, scoring)
 
@@ -120,11 +129,15 @@ def write_kv(
     k: Float[Array, "T K H"],
     v: Float[Array, "T K H"],
     slot_mapping: Int[Array, " T"],
+    k_scale: Float[Array, ""] | None = None,
+    v_scale: Float[Array, ""] | None = None,
 ) -> Float[Array, "2 P S K H"]:
-    """Scatters each token's k/v row to its flat slot; padding tokens all land in block 0."""
+    """Scatters each token's k/v row to its flat slot; padding tokens all land in block 0.
+    The scales apply to an fp8 cache only (None: 1.0)."""
     _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
     flat = kv_cache.reshape(2, num_blocks * block_size, num_kv_heads, head_dim)
-    flat = flat.at[:, slot_mapping].set(jnp.stack([k, v]).astype(kv_cache.dtype))
+    rows = [quantize(x, scale, kv_cache.dtype) for x, scale in ((k, k_scale), (v, v_scale))]
+    flat = flat.at[:, slot_mapping].set(jnp.stack(rows))
     return flat.reshape(kv_cache.shape)
 
 

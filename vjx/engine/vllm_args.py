@@ -86,7 +86,7 @@ VLLM_ARGS: tuple[VllmArg, ...] = tuple(
         ("load_format", "auto", "str", VJX, ""),
         ("config_format", "auto", "str", UNSUPPORTED, "vjx reads Hugging Face config.json only ('hf' is what it does)"),
         ("dtype", "auto", "str", VJX, ""),
-        ("kv_cache_dtype", "auto", "str", UNSUPPORTED, _QUANT),
+        ("kv_cache_dtype", "auto", "str", VJX, ""),
         ("seed", 0, "int", VJX, ""),
         ("max_model_len", None, "hint_auto", VJX, ""),
         ("cudagraph_capture_sizes", None, "ints", NO_EFFECT, _COMPILE),

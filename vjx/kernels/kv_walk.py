@@ -8,6 +8,11 @@ row's keys in tiles of L through the block table (a gather of each key's page); 
 inside the causal frontier and the sliding window run without masks. The softmax is online,
 in float32, in base 2 (log2(e) folded into the scale). The launches that use it are in
 ragged_paged_attention.py.
+
+Over an fp8 cache (kv_quant.py) each loaded K/V tile is converted to the query's dtype, and
+the scales are applied where they cost one multiply per row instead of one per element:
+k_scale scales the tile's scores (q . (k_scale * k) = k_scale * (q . k)) and v_scale the
+walk's output (a sum of p * v_scale * v), both in float32.
 """
 
 import dataclasses
@@ -18,6 +23,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import triton as plgpu
 from jaxtyping import Array
+
+from vjx.kernels.kv_quant import is_quantized
 
 # Finite, so a fully masked row gives exp2(0) * 0 instead of inf - inf = NaN.
 MASK_VALUE = -1e30
@@ -69,6 +76,15 @@ class Walk:
     kv_end: Array  # keys at or past this index are not read
     geometry: Geometry
     scoring: Scoring
+    kv_scales: tuple[Array, Array] | None  # (k_scale, v_scale) of an fp8 cache, else None
+
+
+def load_kv_scales(kv_ref, kv_scales_ref) -> tuple[Array, Array] | None:
+    """(k_scale, v_scale) from the [2] float32 scales ref over an fp8 cache; None (the scales
+    do not apply) over a cache of the compute dtype."""
+    if not is_quantized(kv_ref.dtype):
+        return None
+    return kv_scales_ref[0], kv_scales_ref[1]
 
 
 def div(a: Array, b) -> Array:
@@ -96,7 +112,8 @@ def dot(a: Array, b: Array, *, contract_b: int) -> Array:
 
 
 def _load_kv(walk: Walk, which: int, keys: Array, key_mask: Array | None) -> Array:
-    """The [L, H] keys (which=0) or values (which=1) at `keys`, gathered through the block table."""
+    """The [L, H] keys (which=0) or values (which=1) at `keys`, gathered through the block
+    table, in the query's dtype (unscaled)."""
     g = walk.geometry
     pages_ref = walk.block_tables_ref.at[walk.row, div(keys, g.page_size)]
     dims = jnp.arange(g.head_dim, dtype=jnp.int32)[None, :]
@@ -106,14 +123,18 @@ def _load_kv(walk: Walk, which: int, keys: Array, key_mask: Array | None) -> Arr
         page_ids = plgpu.load(pages_ref, mask=key_mask, other=0)
     index = (which, walk.kv_head, page_ids[:, None], rem(keys, g.page_size)[:, None], dims)
     if key_mask is None:
-        return plgpu.load(walk.kv_ref.at[index])
-    mask = jnp.broadcast_to(key_mask[:, None], (keys.shape[0], g.head_dim))
-    return plgpu.load(walk.kv_ref.at[index], mask=mask, other=0)
+        kv = plgpu.load(walk.kv_ref.at[index])
+    else:
+        mask = jnp.broadcast_to(key_mask[:, None], (keys.shape[0], g.head_dim))
+        kv = plgpu.load(walk.kv_ref.at[index], mask=mask, other=0)
+    return kv.astype(walk.q.dtype)
 
 
 def _scores(walk: Walk, k: Array) -> Array:
     """Base-2 logits [M, L] of the query tile against one key tile."""
     s = dot(walk.q, k, contract_b=1)
+    if walk.kv_scales is not None:
+        s = s * walk.kv_scales[0]
     scoring = walk.scoring
     if scoring.soft_cap is None:
         return s * (scoring.sm_scale * _LOG2E)
@@ -162,7 +183,10 @@ def walk_tiles(walk: Walk, first_tile: Array, num_full: Array, end_tile: Array) 
     step = functools.partial(_tile_step, walk=walk, is_masked=False)
     carry = jax.lax.fori_loop(first_tile, full_end, step, carry)
     step = functools.partial(_tile_step, walk=walk, is_masked=True)
-    return jax.lax.fori_loop(full_end, jnp.maximum(end_tile, full_end), step, carry)
+    m, l, acc = jax.lax.fori_loop(full_end, jnp.maximum(end_tile, full_end), step, carry)
+    if walk.kv_scales is not None:
+        acc = acc * walk.kv_scales[1]
+    return m, l, acc
 
 
 def normalize(l: Array, acc: Array) -> Array:

@@ -29,7 +29,9 @@ K/V tile is read once per kv head. Attention is causal, aligned to the end of ea
 are walked in tiles of L through the block table (a gather of each key's page), tiles past
 the causal frontier or before the sliding window are skipped, and tiles wholly inside it run
 without masks. The softmax is online, in float32, in base 2 (log2(e) folded into the scale);
-that walk is kv_walk.py, shared by all three kinds of program.
+that walk is kv_walk.py, shared by all three kinds of program. Over an fp8 cache the walk
+reads fp8 tiles and applies the layer's `kv_scales` as it goes (kv_walk.py); no dequantized
+copy of the cache is made.
 
 Every real row has at least one query token (the runner schedules no empty row), so
 num_seqs <= T: grids are sized from min(R, T), not R.
@@ -40,10 +42,12 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 from jaxtyping import Array, Float, Int
 
+from vjx.kernels.kv_quant import compute_dtype
 from vjx.kernels.kv_walk import (
     MASK_VALUE,
     Geometry,
@@ -53,6 +57,7 @@ from vjx.kernels.kv_walk import (
     div,
     full_mask,
     head_rows,
+    load_kv_scales,
     normalize,
     rem,
     walk_tiles,
@@ -113,6 +118,7 @@ def _decode_kernel(
     num_seqs_ref,
     q_ref,
     kv_ref,
+    kv_scales_ref,
     acc_ref,
     m_ref,
     l_ref,
@@ -142,15 +148,15 @@ def _decode_kernel(
         dims = jnp.arange(geometry.head_dim, dtype=jnp.int32)[None, :]
         q_index = (q_start, heads[:, None], dims)
         q_mask = full_mask(is_head, geometry.head_dim)
-        q = plgpu.load(q_ref.at[q_index], mask=q_mask, other=0).astype(kv_ref.dtype)
         walk_args = dict(
             kv_ref=kv_ref,
             block_tables_ref=block_tables_ref,
             row=row,
             kv_head=kv_head,
-            q=q,
+            q=plgpu.load(q_ref.at[q_index], mask=q_mask, other=0).astype(compute_dtype(q_ref.dtype, kv_ref.dtype)),
             geometry=geometry,
             scoring=scoring,
+            kv_scales=load_kv_scales(kv_ref, kv_scales_ref),
         )
         walk, first, num_full, end = _decode_segment(seq_len, split, num_splits, splits, walk_args)
         m, l, acc = walk_tiles(walk, first, num_full, end)
@@ -177,6 +183,7 @@ class _Refs:
     num_seqs: object  # [1]
     q: object  # [T, N, H]
     kv: object  # [2, K, P, S, H]
+    kv_scales: object  # [2] float32: k_scale, v_scale
     acc: object  # [C, K, G, H] float32 partials of the decode launch
     m: object  # [C, K, G]
     l: object  # [C, K, G]
@@ -270,7 +277,7 @@ def _block_index(qb: _QueryBlock, kv_head: Array, g: Geometry) -> tuple:
 def _prefill_block(qb: _QueryBlock, kv_head: Array, refs: _Refs, g: Geometry, scoring: Scoring):
     """Attends one query block of a row with several query tokens and writes its output."""
     index, mask = _block_index(qb, kv_head, g)
-    q = plgpu.load(refs.q.at[index], mask=mask, other=0).astype(refs.kv.dtype)
+    q = plgpu.load(refs.q.at[index], mask=mask, other=0).astype(compute_dtype(refs.q.dtype, refs.kv.dtype))
     seq_len = refs.seq_lens[qb.row]
     first_pos = seq_len - (qb.end - qb.start) + (qb.first_token - qb.start)
     last_pos = jnp.minimum(first_pos + g.block_q - 1, seq_len - 1)
@@ -284,6 +291,7 @@ def _prefill_block(qb: _QueryBlock, kv_head: Array, refs: _Refs, g: Geometry, sc
         kv_end=seq_len,
         geometry=g,
         scoring=scoring,
+        kv_scales=load_kv_scales(refs.kv, refs.kv_scales),
     )
     end_tile = cdiv(last_pos + 1, g.block_k)
     if scoring.sliding_window is None:
@@ -302,6 +310,7 @@ def _merge_prefill_kernel(
     num_seqs_ref,
     q_ref,
     kv_ref,
+    kv_scales_ref,
     acc_ref,
     m_ref,
     l_ref,
@@ -323,6 +332,7 @@ def _merge_prefill_kernel(
         num_seqs_ref,
         q_ref,
         kv_ref,
+        kv_scales_ref,
         acc_ref,
         m_ref,
         l_ref,
@@ -361,6 +371,7 @@ class _Step:
 
     q: Array  # [T, N, H]
     kv_cache: Array  # [2, K, P, S, H]
+    kv_scales: Array  # [2] float32
     query_start_loc: Array  # [R + 1]
     seq_lens: Array  # [R]
     block_tables: Array  # [R, W]
@@ -411,17 +422,21 @@ def ragged_paged_attention(
     seq_lens: Int[Array, " R"],
     block_tables: Int[Array, "R W"],
     num_seqs: Int[Array, "1"],
+    kv_scales: Float[Array, "2"] | None = None,
     *,
     scoring: Scoring,
     tuning: AttentionTuning | None = None,
     interpret: bool = False,
 ) -> Float[Array, "T N H"]:
-    """Attends every real query token to its row's keys; padding tokens get 0."""
+    """Attends every real query token to its row's keys; padding tokens get 0. `kv_scales`
+    ([k_scale, v_scale], float32) apply to an fp8 cache only; None means 1.0."""
     _check_shapes(q, kv_cache)
     _, num_heads, head_dim = q.shape
     _, num_kv_heads, _, page_size, _ = kv_cache.shape
-    tuning = tuning or default_tuning(head_dim, kv_cache.dtype)
-    step = _Step(q, kv_cache, query_start_loc, seq_lens, block_tables, num_seqs, scoring, interpret)
+    tuning = tuning or default_tuning(head_dim, compute_dtype(q.dtype, kv_cache.dtype))
+    if kv_scales is None:
+        kv_scales = jnp.asarray(np.ones((2,), np.float32))  # a constant: no device work
+    step = _Step(q, kv_cache, kv_scales, query_start_loc, seq_lens, block_tables, num_seqs, scoring, interpret)
     group = num_heads // num_kv_heads
     decode = Geometry(
         num_kv_heads,
@@ -461,7 +476,7 @@ def _decode(step: _Step, g: Geometry, splits: _Splits, tuning: KernelTuning) -> 
     )
     kernel = functools.partial(_decode_kernel, geometry=g, scoring=step.scoring, splits=splits)
     launch = step.launch(kernel, (num_programs, g.num_kv_heads), out_shape, tuning)
-    return launch(*step.metadata, step.q, step.kv_cache)
+    return launch(*step.metadata, step.q, step.kv_cache, step.kv_scales)
 
 
 def _merge_prefill(step: _Step, geometries: tuple, splits: _Splits, tuning: KernelTuning, buffers: tuple) -> Array:
@@ -489,6 +504,6 @@ def _merge_prefill(step: _Step, geometries: tuple, splits: _Splits, tuning: Kern
         (num_blocks + num_merge_rows, prefill.num_kv_heads),
         jax.ShapeDtypeStruct(step.q.shape, step.q.dtype),
         tuning,
-        aliases={9: 0},
+        aliases={10: 0},
     )
-    return launch(*step.metadata, step.q, step.kv_cache, *buffers)
+    return launch(*step.metadata, step.q, step.kv_cache, step.kv_scales, *buffers)

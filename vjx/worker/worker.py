@@ -3,6 +3,8 @@
 The replica's devices form a mesh (vjx/sharding/mesh.py); one Python process drives all of
 them. Params and the KV cache are sharded over `model` by the rules table (the cache over KV
 heads, in the attention backend's own layout), and attention runs per device on its heads.
+The cache's element type is the model dtype, or float8_e4m3fn for `kv_cache_dtype="fp8"`
+(one byte an element: twice the blocks in the same memory).
 """
 
 import logging
@@ -19,7 +21,13 @@ from vjx.attention.backend import get_attention_backend
 from vjx.attention.sharded import ShardedBackend
 from vjx.config import VjxConfig
 from vjx.core.sched.output import SchedulerOutput
-from vjx.kv_cache_interface import AttentionSpec, KVCacheConfig, KVCacheSpec, get_kv_cache_groups
+from vjx.kv_cache_interface import (
+    AttentionSpec,
+    KVCacheConfig,
+    KVCacheSpec,
+    get_kv_cache_groups,
+    kv_cache_dtype_name,
+)
 from vjx.models.loader import get_model
 from vjx.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vjx.sharding.mesh import make_mesh
@@ -56,8 +64,13 @@ class Worker:
         self.executable_cache = ExecutableCache.in_compilation_cache_dir(config, self.mesh)
 
     @property
+    def kv_cache_dtype(self) -> str:
+        """The cache's element type, by name: the model dtype, or float8_e4m3fn for "fp8"."""
+        return kv_cache_dtype_name(self.config.cache_config.cache_dtype, self.config.model_config.dtype)
+
+    @property
     def _kv_dtype(self):
-        return jnp.dtype(self.config.model_config.dtype)
+        return jnp.dtype(self.kv_cache_dtype)
 
     def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
         """Each attention layer's spec, in model order. With fewer KV heads than
@@ -67,9 +80,7 @@ class Worker:
         num_heads = hf_config.num_attention_heads
         num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or num_heads
         num_kv_heads = num_cache_kv_heads(num_kv_heads, self.config.parallel_config.tensor_parallel_size)
-        return self.model.get_kv_cache_spec(
-            self.config.cache_config.block_size, num_kv_heads, self.config.model_config.dtype
-        )
+        return self.model.get_kv_cache_spec(self.config.cache_config.block_size, num_kv_heads, self.kv_cache_dtype)
 
     def _kv_cache_shape(self, spec: AttentionSpec, num_blocks: int) -> tuple[int, ...]:
         return self.backend.kv_cache_shape(num_blocks, spec.block_size, spec.num_kv_heads, spec.head_size)
