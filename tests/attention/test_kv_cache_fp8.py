@@ -14,11 +14,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from flax import nnx
 
 from tests.helpers.attention_batches import BatchShape, dense_attention, make_batch, relative_error
 from tests.helpers.tiny_llama import ENGINE_ARGS, PROMPTS, save_tiny_llama
 from tests.helpers.tpu_layout import from_gpu_layout
 from vjx import LLM, EngineArgs, SamplingParams
+from vjx.attention.metadata import AttentionMetadata
 from vjx.attention.pallas_gpu import PallasGpuBackend
 from vjx.attention.pallas_tpu import PallasTpuBackend
 from vjx.attention.reference import ReferenceBackend
@@ -226,14 +228,54 @@ def _worker(model_dir, kv_cache_dtype: str) -> Worker:
     return Worker(args.create_engine_config())
 
 
-def test_the_same_kv_memory_holds_twice_the_blocks(tiny_llama):
-    bf16, fp8 = (_worker(tiny_llama[0], dtype) for dtype in ("auto", "fp8"))
+@pytest.fixture(scope="module")
+def fp8_worker(tiny_llama):
+    return _worker(tiny_llama[0], "fp8")
+
+
+def test_the_same_kv_memory_holds_twice_the_blocks(tiny_llama, fp8_worker):
+    bf16, fp8 = _worker(tiny_llama[0], "auto"), fp8_worker
     assert {spec.dtype for spec in fp8.kv_cache_specs.values()} == {"float8_e4m3fn"}
     bf16_spec, fp8_spec = (next(iter(w.kv_cache_specs.values())) for w in (bf16, fp8))
     assert fp8_spec.page_size_bytes * 2 == bf16_spec.page_size_bytes
     assert fp8.get_kv_block_bytes() * 2 == bf16.get_kv_block_bytes()
     assert fp8.determine_num_available_blocks() == 2 * bf16.determine_num_available_blocks()
     assert {cache.dtype for cache in fp8._allocate_kv_caches(4).values()} == {jnp.dtype(FP8)}
+
+
+def test_attention_layer_scales_reach_its_cache(fp8_worker):
+    """Each attention layer holds vLLM's k_scale / v_scale (None, read as 1.0, until a checkpoint
+    gives them): set, they divide what the layer's fp8 cache stores, and the output stays."""
+    attn = fp8_worker.model.model.layers[0].self_attn
+    assert attn.k_scale.get_value() is None and attn.v_scale.get_value() is None
+    num_tokens = 16
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((num_tokens, 64)), jnp.bfloat16)
+    md = AttentionMetadata(
+        slot_mapping=jnp.arange(16, 16 + num_tokens, dtype=jnp.int32),  # block 1
+        query_start_loc=jnp.asarray([0, num_tokens], jnp.int32),
+        seq_lens=jnp.asarray([num_tokens], jnp.int32),
+        block_tables=jnp.asarray([[1]], jnp.int32),
+        num_seqs=jnp.asarray([1], jnp.int32),
+    )
+    empty = next(iter(fp8_worker._allocate_kv_caches(2).values()))
+
+    @jax.jit
+    def run(graphdef, state):
+        return nnx.merge(graphdef, state)(x, jnp.arange(num_tokens, dtype=jnp.int32), empty, md)
+
+    def with_scales(k_scale: float, v_scale: float):
+        layer = nnx.clone(attn)
+        layer.k_scale.set_value(jnp.float32(k_scale))
+        layer.v_scale.set_value(jnp.float32(v_scale))
+        return nnx.split(layer)
+
+    out, cache = run(*with_scales(1.0, 1.0))
+    scaled_out, scaled_cache = run(*with_scales(0.5, 0.25))
+    # Block 1 as stored: the scaled cache holds k / 0.5 and v / 0.25 (equal up to fp8 rounding).
+    stored, scaled = (np.asarray(c, np.float32)[:, 1] for c in (cache, scaled_cache))
+    np.testing.assert_allclose(scaled * np.float32([0.5, 0.25]).reshape(2, 1, 1, 1), stored, rtol=1 / 16, atol=2**-9)
+    # Powers of two move fp8 values by whole exponents: the outputs differ by 0.001 (subnormals).
+    assert relative_error(np.asarray(scaled_out, np.float32), np.asarray(out, np.float64)) < 0.01
 
 
 @pytest.mark.parametrize("value", ["fp8_e5m2", "bfloat16", "int8"])

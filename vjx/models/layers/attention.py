@@ -69,6 +69,10 @@ class Attention(nnx.Module):
         self.sm_scale = args.sm_scale
         self.sliding_window = args.sliding_window
         self.soft_cap = args.soft_cap
+        # vLLM's per-tensor scales of an fp8 KV cache (which stores k / k_scale, v / v_scale):
+        # float32 scalars a checkpoint may give as `self_attn.k_scale`; None means 1.0.
+        self.k_scale = nnx.Param(None)
+        self.v_scale = nnx.Param(None)
 
     def __call__(
         self,
@@ -90,6 +94,8 @@ class Attention(nnx.Module):
             sm_scale=self.sm_scale,
             sliding_window=self.sliding_window,
             soft_cap=self.soft_cap,
+            k_scale=self.k_scale.get_value(),
+            v_scale=self.v_scale.get_value(),
         )
         return self.o_proj(out_TNH), kv_cache
 
