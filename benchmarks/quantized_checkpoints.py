@@ -46,7 +46,12 @@ def write_checkpoint(name: str, hf_model: torch.nn.Module, quantized_dir, refere
         dequantized = _write_compressed_tensors(preset, fmt, copy.deepcopy(hf_model), quantized_dir, group_size)
     else:
         tensors, dequantized, config = _HAND_PACKED[name](_linear_weights(hf_model), group_size)
-        state = {k: v for k, v in hf_model.state_dict().items() if k.removesuffix(".weight") not in dequantized}
+        tied = {"lm_head.weight"} if hf_model.config.get_text_config().tie_word_embeddings else set()
+        state = {
+            k: v
+            for k, v in hf_model.state_dict().items()
+            if k.removesuffix(".weight") not in dequantized and k not in tied
+        }
         safetensors.torch.save_file({**state, **tensors}, quantized_dir / "model.safetensors")
         hf_model.config.save_pretrained(quantized_dir)
         config_path = quantized_dir / "config.json"
