@@ -1,9 +1,12 @@
-"""Hostile and extreme requests through the offline `LLM` API, on the default model: each
-is refused with a `ValueError` or runs to completion, and the engine keeps generating.
+"""Hostile and extreme requests through the offline `LLM` API: each is refused with a
+`ValueError` or runs to completion, and the engine keeps generating.
 
 Also: stop ids past the min_tokens table, a request the runner cannot take failing alone,
-and a property test over every `SamplingParams` field at its extremes. One engine (the
-large engine's arguments, so its compiles come from the cache).
+and a property test over every `SamplingParams` field at its extremes. One engine, on the
+tiny stand-in for the default model (its tokenizer, vocabulary and generation config, two
+small layers): what is checked is validation and completion, and requests without
+`max_tokens` decode to the end of the context, hundreds of steps the default model would
+spend minutes on.
 """
 
 import dataclasses
@@ -13,7 +16,7 @@ import pytest
 from hypothesis import strategies as st
 
 from tests.helpers.hostile_requests import INT32_MAX, INT64_MAX, MANY_STOP_IDS, SAMPLING_CASES, offline_request
-from tests.helpers.large_engine import LARGE_ARGS
+from tests.helpers.tiny_default_model import TINY_DEFAULT_ARGS, save_tiny_default_model
 from vjx import LLM, SamplingParams
 from vjx.worker.input_batch import InputBatch
 
@@ -21,8 +24,9 @@ OFFLINE_CASES = [case for case in SAMPLING_CASES if case[4] is not None]
 
 
 @pytest.fixture(scope="module")
-def llm():
-    engine = LLM(**LARGE_ARGS, async_scheduling=False)
+def llm(tmp_path_factory):
+    model = save_tiny_default_model(tmp_path_factory.mktemp("tiny-default"))
+    engine = LLM(model=model, **TINY_DEFAULT_ARGS, async_scheduling=False)
     yield engine
     engine.shutdown()
 
@@ -147,7 +151,7 @@ def test_extreme_params_are_refused_or_run_to_completion(llm, requests):
             continue
         accepted.append((prompt, dataclasses.replace(params, n=min(params.n, 2))))
     outputs = llm.generate([p for p, _ in accepted], [sp for _, sp in accepted], use_tqdm=False)
-    max_model_len = LARGE_ARGS["max_model_len"]
+    max_model_len = TINY_DEFAULT_ARGS["max_model_len"]
     for output, (_, params) in zip(outputs, accepted):
         assert output.finished
         for completion in output.outputs:

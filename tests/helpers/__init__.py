@@ -9,6 +9,7 @@
 - remote_server: `vjx serve` in a subprocess, driven over HTTP
 - sampling_metadata: sampling metadata with neutral defaults and numpy references
 - scheduler: a tiny scheduler, requests and hand-built runner outputs
+- tiny_default_model: the default model's directory with two tiny random layers, and its engine arguments
 - tiny_llama: tiny random Llama checkpoints saved by `transformers`, and `randomize_`
 - tokenizer: the in-memory 300-token byte-level BPE, BOS and EOS
 """
