@@ -1,14 +1,17 @@
-"""The scheduler under load, end to end on the default model (SmolLM2-135M-Instruct), greedy.
+"""The scheduler under load, end to end, greedy, on the tiny stand-in for the default model
+(its tokenizer, so every prompt holds as many tokens as on SmolLM2-135M-Instruct and the
+pool is under the same pressure; two small layers, so the hundreds of steps stay cheap).
 
 64 requests go through a KV pool of 48 blocks (47 usable): up to 32 run at once and need
 about 64 blocks by their last tokens, so requests wait and are preempted. All must finish
-with the tokens of an engine whose pool holds everything (tests/test_llm.py's `large_llm`
-configuration, so its compiled steps come from the persistent cache), with synchronous and
-with async scheduling.
+with the tokens of an engine whose pool holds everything (the stand-in's shared arguments,
+tests/helpers/tiny_default_model.py, so its compiled steps come from the persistent cache),
+with synchronous and with async scheduling.
 """
 
 import pytest
 
+from tests.helpers.tiny_default_model import TINY_DEFAULT_ARGS, save_tiny_default_model
 from vjx import LLM, SamplingParams
 
 SUBJECTS = [
@@ -36,31 +39,33 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 NUM_GPU_BLOCKS = 48
 
 
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return save_tiny_default_model(tmp_path_factory.mktemp("tiny-default"))
+
+
 @pytest.fixture(scope="module", params=[False, True], ids=["sync", "async"])
-def tight_llm(request):
+def tight_llm(request, model):
     # Async scheduling adds preemptions with a token in flight and stops landing while the
     # next step runs.
-    return LLM(
+    engine = LLM(
+        model=model,
         max_model_len=256,
         max_num_seqs=32,
         max_num_batched_tokens=64,
         num_gpu_blocks_override=NUM_GPU_BLOCKS,
         async_scheduling=request.param,
     )
+    yield engine
+    engine.shutdown()
 
 
 @pytest.fixture(scope="module")
-def ample_tokens():
-    ample_llm = LLM(
-        max_model_len=256,
-        max_num_seqs=16,
-        max_num_batched_tokens=256,
-        enable_chunked_prefill=False,
-        num_gpu_blocks_override=400,
-        async_scheduling=False,
-    )
+def ample_tokens(model):
+    ample_llm = LLM(model=model, **TINY_DEFAULT_ARGS, async_scheduling=False)
     outputs = ample_llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     assert ample_llm.llm_engine.engine_core.engine_core.scheduler.num_preemptions == 0
+    ample_llm.shutdown()
     return [o.outputs[0].token_ids for o in outputs]
 
 
