@@ -1,6 +1,9 @@
 """EngineCore in its own process: real spawned children and ipc sockets, on CPU.
 
-The module shares one AsyncLLM; the engine-death test kills it and so runs last.
+The module shares one AsyncLLM; the engine-death test kills it and so runs last. Its engines
+run the tiny stand-in for the default model (same tokenizer and vocabulary, two small layers):
+what is checked is the process boundary, and each start-up and decode step is then a fraction
+of the default model's.
 """
 
 import asyncio
@@ -19,7 +22,7 @@ import psutil
 import pytest
 import zmq
 
-from tests.helpers.large_engine import LARGE_ARGS
+from tests.helpers.tiny_default_model import TINY_DEFAULT_ARGS, save_tiny_default_model
 from vjx import LLM, AsyncLLM, EngineArgs, SamplingParams
 from vjx.engine.core_client import SyncMPClient
 from vjx.engine.exceptions import EngineDeadError, EngineRequestError
@@ -35,8 +38,13 @@ def _engine_children() -> list[multiprocessing.process.BaseProcess]:
 
 
 @pytest.fixture(scope="module")
-def async_llm(loop):
-    engine = AsyncLLM(EngineArgs(**LARGE_ARGS, async_scheduling=False))
+def model(tmp_path_factory):
+    return save_tiny_default_model(tmp_path_factory.mktemp("tiny-default"))
+
+
+@pytest.fixture(scope="module")
+def async_llm(model, loop):
+    engine = AsyncLLM(EngineArgs(model=model, **TINY_DEFAULT_ARGS, async_scheduling=False))
     yield engine
     engine.shutdown()
     loop.run_until_complete(asyncio.sleep(0.1))
@@ -57,13 +65,14 @@ def _greedy(kind: RequestOutputKind = RequestOutputKind.CUMULATIVE) -> SamplingP
     return SamplingParams(temperature=0.0, max_tokens=12, output_kind=kind)
 
 
-def test_outputs_identical_in_process_and_multiprocess(async_llm, loop):
+def test_outputs_identical_in_process_and_multiprocess(model, async_llm, loop):
     sampled = SamplingParams(temperature=0.8, seed=5, max_tokens=10)
-    in_process = LLM(**LARGE_ARGS, async_scheduling=False, multiprocess=False)
+    in_process = LLM(model=model, **TINY_DEFAULT_ARGS, async_scheduling=False, multiprocess=False)
     expected = [
         [o.outputs[0].token_ids for o in in_process.generate(PROMPTS, p, use_tqdm=False)] for p in (_greedy(), sampled)
     ]
-    multiprocess = LLM(**LARGE_ARGS, async_scheduling=False, multiprocess=True)
+    in_process.shutdown()
+    multiprocess = LLM(model=model, **TINY_DEFAULT_ARGS, async_scheduling=False, multiprocess=True)
     try:
         got = [
             [o.outputs[0].token_ids for o in multiprocess.generate(PROMPTS, p, use_tqdm=False)]
@@ -209,10 +218,10 @@ def test_no_socket_listens_beyond_loopback(async_llm):
     assert all(ip in ("127.0.0.1", "::1") for ip in listening), listening
 
 
-def test_tcp_transport_binds_loopback_only():
+def test_tcp_transport_binds_loopback_only(model):
     with pytest.raises(ValueError, match="transport must be one of"):
-        SyncMPClient(EngineArgs(**LARGE_ARGS), transport="udp")
-    client = SyncMPClient(EngineArgs(**LARGE_ARGS, async_scheduling=False), transport="tcp")
+        SyncMPClient(EngineArgs(model=model, **TINY_DEFAULT_ARGS), transport="udp")
+    client = SyncMPClient(EngineArgs(model=model, **TINY_DEFAULT_ARGS, async_scheduling=False), transport="tcp")
     try:
         assert all(address.startswith("tcp://127.0.0.1:") for address in client.engine.addresses.values())
         assert client.make_stats().num_running_reqs == 0
