@@ -4,7 +4,8 @@ A foreign process of the same user can reach every socket. What it sends lacks t
 engine's token and is dropped with a warning (the engine stays alive and keeps serving);
 it can receive nothing, since no socket of ours that sends is bound. A real DEAD message
 logs its traceback at the front end and leaves a one-line `EngineDeadError`; it runs last,
-as it marks the module's engine dead.
+as it marks the module's engine dead. The engine runs the tiny stand-in for the default
+model (same tokenizer and vocabulary, two small layers): only its sockets are under test.
 """
 
 import asyncio
@@ -15,7 +16,7 @@ import types
 import pytest
 import zmq
 
-from tests.helpers.large_engine import LARGE_ARGS
+from tests.helpers.tiny_default_model import TINY_DEFAULT_ARGS, save_tiny_default_model
 from vjx import AsyncLLM, EngineArgs, SamplingParams
 from vjx.engine import core_client, core_proc, serial
 from vjx.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
@@ -29,8 +30,9 @@ CONTROL_PROMPT = list(range(4000, 4008))
 
 
 @pytest.fixture(scope="module")
-def async_llm(loop):
-    engine = AsyncLLM(EngineArgs(**LARGE_ARGS, async_scheduling=False))
+def async_llm(loop, tmp_path_factory):
+    model = save_tiny_default_model(tmp_path_factory.mktemp("tiny-default"))
+    engine = AsyncLLM(EngineArgs(model=model, **TINY_DEFAULT_ARGS, async_scheduling=False))
     yield engine
     engine.shutdown()
     loop.run_until_complete(asyncio.sleep(0.1))
@@ -156,7 +158,7 @@ def test_no_socket_of_ours_sends_to_a_foreign_peer(async_llm, loop, context, exp
 
 def test_handshake_wait_drops_forged_messages(context, caplog):
     """No child is spawned: a stand-in that stays alive, and the test sends the READY."""
-    engine = core_proc.EngineProcess(EngineArgs(**LARGE_ARGS))
+    engine = core_proc.EngineProcess(EngineArgs(**TINY_DEFAULT_ARGS))
     engine.process = types.SimpleNamespace(is_alive=lambda: True)
     handshake = context.socket(zmq.PULL)
     engine.bind(handshake, "handshake")
