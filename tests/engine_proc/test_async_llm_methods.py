@@ -1,11 +1,14 @@
-"""AsyncLLM's utility methods (vLLM's async counterparts) against a real engine process."""
+"""AsyncLLM's utility methods (vLLM's async counterparts) against a real engine process, on
+the tiny stand-in for the default model: the methods act on the engine, not on the model's
+numbers, and its start-up and steps cost a fraction of the default model's."""
 
 import asyncio
 import os
 
 import pytest
 
-from tests.helpers.large_engine import LARGE_ARGS, PROMPTS
+from tests.helpers.large_engine import PROMPTS
+from tests.helpers.tiny_default_model import TINY_DEFAULT_ARGS, save_tiny_default_model
 from tests.helpers.worker_rpc import worker_summary
 from vjx import AsyncLLM, EngineArgs, SamplingParams
 
@@ -14,8 +17,9 @@ TIMEOUT_S = 120
 
 
 @pytest.fixture(scope="module")
-def engine(loop):
-    async_llm = AsyncLLM(EngineArgs(**LARGE_ARGS))
+def engine(loop, tmp_path_factory):
+    model = save_tiny_default_model(tmp_path_factory.mktemp("tiny-default"))
+    async_llm = AsyncLLM(EngineArgs(model=model, **TINY_DEFAULT_ARGS))
     yield async_llm
     async_llm.shutdown()
     loop.run_until_complete(asyncio.sleep(0.1))
@@ -49,7 +53,7 @@ def test_sleep_wake_up_and_a_request_that_waits(loop, engine):
 
 
 def test_collective_rpc_and_reset_prefix_cache(loop, engine):
-    num_blocks = LARGE_ARGS["num_gpu_blocks_override"]
+    num_blocks = TINY_DEFAULT_ARGS["num_gpu_blocks_override"]
     assert _run(loop, engine.collective_rpc(worker_summary, args=("b",))) == [("b", num_blocks)]
     assert _run(loop, engine.reset_prefix_cache()) is True
 
