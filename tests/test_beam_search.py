@@ -1,5 +1,6 @@
 """Beam search: the driver against a reference beam search on the fake engine core's tiny
-model, then end to end on the default model (SmolLM2-135M-Instruct)."""
+model, then end to end on the tiny stand-in for the default model (SmolLM2-135M-Instruct's
+tokenizer and vocabulary, two small random layers), scored against transformers."""
 
 import numpy as np
 import pytest
@@ -7,7 +8,8 @@ import torch
 import transformers
 
 from tests.helpers.fake_engine_core import MAX_MODEL_LEN, FakeModel, make_llm
-from tests.helpers.large_engine import LARGE_ARGS, PROMPTS
+from tests.helpers.large_engine import PROMPTS
+from tests.helpers.tiny_default_model import TINY_DEFAULT_ARGS, save_tiny_default_model
 from tests.helpers.tokenizer import EOS
 from vjx import LLM, SamplingParams
 from vjx.beam_search import BeamSearchParams, get_beam_search_score
@@ -118,12 +120,13 @@ def test_beam_width_is_capped_by_max_logprobs(fake_llm):
         fake_llm.beam_search(["Hello"], BeamSearchParams(beam_width=11, max_tokens=2))
 
 
-# End to end on the default model: needs the runner's logprobs.
+# End to end on a real engine: needs the runner's logprobs.
 
 
 @pytest.fixture(scope="module")
-def llm():
-    return LLM(**LARGE_ARGS, async_scheduling=False)
+def llm(tmp_path_factory):
+    model = save_tiny_default_model(tmp_path_factory.mktemp("tiny-default"))
+    return LLM(model=model, **TINY_DEFAULT_ARGS, async_scheduling=False)
 
 
 def test_beam_width_one_is_greedy(llm):
