@@ -32,13 +32,15 @@ def test_phases_accumulate_and_log_every_interval(caplog):
 
 
 @pytest.fixture(scope="module")
-def profiled_llm():
-    """One engine with `profile_host`, started with nothing frozen: any freeze seen is its own."""
-    from tests.helpers.large_engine import LARGE_ARGS
+def profiled_llm(tmp_path_factory):
+    """One engine with `profile_host`, started with nothing frozen: any freeze seen is its own.
+    It runs the tiny stand-in for the default model: the profile is of the host's work."""
+    from tests.helpers.tiny_default_model import TINY_DEFAULT_ARGS, save_tiny_default_model
     from vjx import LLM
 
+    model = save_tiny_default_model(tmp_path_factory.mktemp("tiny-default"))
     gc.unfreeze()
-    return LLM(**LARGE_ARGS, profile_host=True)
+    return LLM(model=model, **TINY_DEFAULT_ARGS, profile_host=True)
 
 
 def test_engine_profiles_every_step(profiled_llm):
