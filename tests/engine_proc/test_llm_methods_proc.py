@@ -1,11 +1,14 @@
 """`LLM`'s utility methods with the engine core in its own process: every call crosses the
-socket as a UTILITY message, and `collective_rpc`'s callables are pickled."""
+socket as a UTILITY message, and `collective_rpc`'s callables are pickled. The engine runs
+the tiny stand-in for the default model (same tokenizer, vocabulary and architecture, two
+small layers): the methods act on the engine, not on the model's numbers."""
 
 import os
 
 import pytest
 
-from tests.helpers.large_engine import LARGE_ARGS, PROMPTS
+from tests.helpers.large_engine import PROMPTS
+from tests.helpers.tiny_default_model import TINY_DEFAULT_ARGS, save_tiny_default_model
 from tests.helpers.worker_rpc import model_class_name, worker_summary
 from vjx import LLM, SamplingParams
 
@@ -13,8 +16,9 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def llm():
-    engine = LLM(**LARGE_ARGS, multiprocess=True)
+def llm(tmp_path_factory):
+    model = save_tiny_default_model(tmp_path_factory.mktemp("tiny-default"))
+    engine = LLM(model=model, **TINY_DEFAULT_ARGS, multiprocess=True)
     yield engine
     engine.shutdown()
 
@@ -24,7 +28,7 @@ def _tokens(llm) -> list[list[int]]:
 
 
 def test_collective_rpc_by_name_and_by_function(llm):
-    num_blocks = LARGE_ARGS["num_gpu_blocks_override"]
+    num_blocks = TINY_DEFAULT_ARGS["num_gpu_blocks_override"]
     assert llm.collective_rpc("get_kv_block_bytes")[0] > 0
     assert llm.collective_rpc(worker_summary, args=("a",), kwargs={"scale": 3}) == [("a", 3 * num_blocks)]
     assert llm.apply_model(model_class_name) == ["LlamaForCausalLM"]
