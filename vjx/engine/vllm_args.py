@@ -46,8 +46,9 @@ _MULTI_NODE = "multi-node and externally launched data parallelism are not built
 _CONTEXT_PARALLEL = "context parallelism is not built yet"
 _OFFLOAD = "weight and KV offloading are not built yet"
 _MAMBA = "Mamba and linear-attention models are not built yet"
-_QUANT = "quantized checkpoints and KV caches are not built yet (quantization='fp8' is)"
-_QUANT_OFF = "vjx loads no quantized checkpoints, deprecated or not"
+_QUANT = "vjx reads a quantized checkpoint's own quantization_config; an override is not built"
+_KV_SKIP = "every layer's KV cache takes kv_cache_dtype; keeping some layers unquantized is not built"
+_QUANT_OFF = "vjx builds none of the quantization methods vLLM deprecates, so there is none to allow"
 _POOLING = "pooling models are not built yet"
 _KV_TRANSFER = "KV transfer, KV events and weight transfer are not built yet"
 _SLEEP = "sleep mode is not built yet"
@@ -316,7 +317,7 @@ VLLM_ARGS: tuple[VllmArg, ...] = tuple(
         ("override_generation_config", {}, "json", VJX, ""),
         ("model_impl", "auto", "str", UNSUPPORTED, "the Transformers backend is not built yet"),
         ("attention_backend", None, "str", VJX, ""),
-        ("kv_cache_dtype_skip_layers", [], "strs", UNSUPPORTED, _QUANT),
+        ("kv_cache_dtype_skip_layers", [], "strs", UNSUPPORTED, _KV_SKIP),
         ("mamba_cache_dtype", "auto", "str", UNSUPPORTED, _MAMBA),
         ("mamba_ssm_cache_dtype", "auto", "str", UNSUPPORTED, _MAMBA),
         ("mamba_block_size", None, "int", UNSUPPORTED, _MAMBA),
