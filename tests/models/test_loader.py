@@ -212,3 +212,42 @@ def test_fused_part_of_the_wrong_shape_is_named(tmp_path):
     config = model_config(tiny_config(), tmp_path, load_format="auto")
     with pytest.raises(ValueError, match=r"model\.layers\.0\.self_attn\.k_proj\.weight.*\(16, 64\)"):
         get_model(config, ReferenceBackend())
+
+
+def _with_tensors(path, **extra: torch.Tensor) -> None:
+    tensors = safetensors.torch.load_file(path)
+    safetensors.torch.save_file({**tensors, **extra}, path)
+
+
+def test_kv_cache_scales_load_where_the_checkpoint_has_them(tmp_path):
+    """vLLM's fp8 KV cache scales, under each name checkpoints use (`self_attn.k_scale`,
+    ModelOpt's `k_proj.k_scale`, older llm-compressor's `k_proj.output_scale`), load as float32
+    scalars replicated over the mesh; a layer without them keeps None (1.0)."""
+    hf_model = save_hf(tmp_path, tiny_config(num_hidden_layers=3))
+    _with_tensors(
+        tmp_path / "model.safetensors",
+        **{
+            "model.layers.0.self_attn.k_scale": torch.tensor(0.5),
+            "model.layers.0.self_attn.v_scale": torch.tensor([0.25]),
+            "model.layers.1.self_attn.k_proj.output_scale": torch.tensor([2.0]),
+            "model.layers.1.self_attn.v_proj.v_scale": torch.tensor(4.0, dtype=torch.bfloat16),
+        },
+    )
+    mesh = Mesh(np.asarray(jax.devices()[:2]), ("model",))
+    config = model_config(hf_model.config, tmp_path, dtype="bfloat16", load_format="auto")
+    model = get_model(config, ReferenceBackend(), mesh=mesh)
+    attns = [layer.self_attn for layer in model.model.layers]
+    scales = [(attn.k_scale.get_value(), attn.v_scale.get_value()) for attn in attns]
+    assert scales[2] == (None, None)
+    for scale in jax.tree.leaves(scales[:2]):
+        assert scale.dtype == jnp.float32 and scale.shape == ()
+        assert scale.sharding == NamedSharding(mesh, PartitionSpec())
+    assert [[float(s) for s in pair] for pair in scales[:2]] == [[0.5, 0.25], [2.0, 4.0]]
+
+
+def test_kv_cache_scale_of_more_than_one_value_is_named(tmp_path):
+    save_hf(tmp_path, tiny_config())
+    _with_tensors(tmp_path / "model.safetensors", **{"model.layers.1.self_attn.k_scale": torch.ones(2)})
+    config = model_config(tiny_config(), tmp_path, load_format="auto")
+    with pytest.raises(ValueError, match=r"model\.layers\.1\.self_attn\.k_scale.*k_scale must be one value"):
+        get_model(config, ReferenceBackend())

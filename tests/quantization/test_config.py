@@ -28,6 +28,8 @@ INT8 = {
     },
     "ignore": ["lm_head"],
 }
+# llm-compressor's fp8 KV cache scheme: per-tensor k_scale / v_scale in each attention layer.
+FP8_KV_CACHE = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
 
 
 def _hf_config(quantization_config=None):
@@ -45,6 +47,7 @@ def _hf_config(quantization_config=None):
         (None, {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": True}, GPTQConfig),
         (None, {"quant_method": "fp8", "activation_scheme": "static"}, Fp8Config),
         (None, INT8, CompressedTensorsConfig),
+        (None, {**INT8, "kv_cache_scheme": FP8_KV_CACHE}, CompressedTensorsConfig),
     ],
 )
 def test_the_config_comes_from_the_checkpoint_or_the_argument(quantization, checkpoint, config_type):
@@ -60,7 +63,16 @@ def test_the_config_comes_from_the_checkpoint_or_the_argument(quantization, chec
         (None, {**AWQ, "bits": 3}, r"4 bits, zero points and the GEMM layout, got bits=3"),
         (None, {"quant_method": "gptq", "bits": 8}, r"GPTQ checkpoints with 4 bits"),
         (None, {"quant_method": "fp8", "activation_scheme": "later"}, r"activation_scheme must be one of"),
-        (None, {**INT8, "kv_cache_scheme": {"num_bits": 8}}, r"no compressed-tensors KV cache scheme"),
+        (
+            None,
+            {**INT8, "kv_cache_scheme": {"num_bits": 8}},
+            r"kv_cache_scheme must be static per-tensor symmetric fp8",
+        ),
+        (
+            None,
+            {**INT8, "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "attn_head"}},
+            r"kv_cache_scheme must be static per-tensor symmetric fp8",
+        ),
         (
             None,
             {

@@ -12,7 +12,8 @@ A checkpoint tensor's name is the param's module path plus the layer's HF name f
 `model.layers.0.self_attn.o_proj.weight` fills `model.layers[0].self_attn.o_proj.kernel`. A
 fused layer takes several tensors, named after its `HF_PARTS` beside it:
 `model.layers.0.self_attn.{q,k,v}_proj.weight` fill `model.layers[0].self_attn.qkv_proj.kernel`,
-which is placed once all of its parts are read.
+which is placed once all of its parts are read. A layer's `OPTIONAL_HF_NAMES` (an attention
+layer's fp8 KV cache scales) may be absent: their params then keep None, the layer's default.
 """
 
 import dataclasses
@@ -60,14 +61,15 @@ _DERIVED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 @dataclasses.dataclass(frozen=True)
 class _ParamSlot:
-    """Where one checkpoint tensor goes: the layer that lays it out, the param it fills, and
-    which of the layer's `num_parts` parts it is."""
+    """Where one checkpoint tensor goes: the layer that lays it out, the param it fills,
+    which of the layer's `num_parts` parts it is, and whether a checkpoint may lack it."""
 
     layer: nnx.Module
     attr: str
     param: nnx.Param
     part: int
     num_parts: int
+    optional: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,8 +162,9 @@ def _param_slots(model: nnx.Module) -> dict[str, _ParamSlot]:
             param = getattr(node, attr)
             if param is None:
                 continue
+            optional = hf_leaf in node.OPTIONAL_HF_NAMES
             for part, prefix in enumerate(prefixes):
-                slots[f"{prefix}.{hf_leaf}"] = _ParamSlot(node, attr, param, part, len(prefixes))
+                slots[f"{prefix}.{hf_leaf}"] = _ParamSlot(node, attr, param, part, len(prefixes), optional)
     return slots
 
 
@@ -170,10 +173,10 @@ def _fill_dummy(slots: dict[str, _ParamSlot], seed: int, placement: _Placement) 
 
     Each device draws only its own block (JAX's partitionable threefry), and the values do not
     depend on the mesh, so every layout holds the same model. A fused param is drawn once,
-    under the name of its first part."""
+    under the name of its first part; optional params keep their default."""
     for index, name in enumerate(sorted(slots)):
         slot = slots[name]
-        if slot.part:
+        if slot.part or slot.optional:
             continue
         param = slot.param
         make = _dummy_fn(
@@ -252,19 +255,26 @@ def _fill_from_safetensors(
             if len(parts) == slot.num_parts:
                 del pending[id(slot.param)]
                 _fill_param(slot, [parts[part] for part in range(slot.num_parts)], placement)
-    missing = sorted(set(slots) - loaded)
+    missing = sorted(name for name in set(slots) - loaded if not slots[name].optional)
     if missing:
         raise ValueError(f"the checkpoint in {directory} lacks tensors {missing}.")
 
 
 def _fill_param(slot: _ParamSlot, parts: list[tuple[str, np.ndarray]], placement: _Placement) -> None:
-    """Lays out the (name, tensor) parts of one param, repeats its KV heads, places it."""
+    """Lays out the (name, tensor) parts of one param, repeats its KV heads, places it. A param
+    that holds None (an optional one) takes the shape and dtype of its tensor's layout."""
     param = slot.param
+    unset = param.get_value() is None
     shapes = {name: tensor.shape for name, tensor in parts}
     try:
         value = slot.layer.to_param_layout(slot.attr, [tensor for _, tensor in parts])
-    except ValueError:
+    except ValueError as error:
+        if unset:
+            raise ValueError(f"tensors with shapes {shapes} do not fit {slot.attr}: {error}") from None
         value = None
+    if unset:
+        param.set_value(place(value, value.dtype, placement.sharding(param)))
+        return
     if value is None or value.shape != param.shape:
         raise ValueError(f"tensors with shapes {shapes} do not fit the param's shape {param.shape}.")
     value = repeat_kv_heads(value, logical_axes_of(param), placement.kv_head_replicas(param))

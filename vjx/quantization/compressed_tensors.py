@@ -8,6 +8,10 @@ Schemes vjx loads:
 - INT4 weight-only ("pack-quantized", symmetric): `weight_packed` [out, in / 8] int32, eight
   consecutive input columns per word, each stored as its value + 8; `weight_scale`
   [out, groups].
+
+A `kv_cache_scheme` must be vLLM's fp8 one (8-bit float, static, per tensor, symmetric): its
+`self_attn.k_scale` / `v_scale` load into the attention layers and apply when the engine runs
+with `kv_cache_dtype="fp8"`, as in vLLM.
 """
 
 import dataclasses
@@ -41,12 +45,22 @@ class CompressedTensorsConfig(QuantizationConfig):
                 "vjx loads compressed-tensors checkpoints with one config group targeting 'Linear', "
                 f"got {config.get('config_groups')}."
             )
-        if config.get("kv_cache_scheme") or config.get("sparsity_config") or config.get("transform_config"):
-            raise ValueError("vjx loads no compressed-tensors KV cache scheme, sparsity or transform yet.")
+        if config.get("sparsity_config") or config.get("transform_config"):
+            raise ValueError("vjx loads no compressed-tensors sparsity or transform yet.")
+        _check_kv_cache_scheme(config.get("kv_cache_scheme"))
         return cls(groups[0], config.get("ignore") or ())
 
     def get_quant_method(self, layer: nnx.Module, prefix: str) -> LinearMethod | None:
         return None if is_layer_skipped(layer, prefix, self.ignore) else self.method
+
+
+def _check_kv_cache_scheme(scheme: dict | None) -> None:
+    """Refuses a KV cache scheme other than fp8 per tensor (keys left out take compressed-tensors'
+    QuantizationArgs defaults)."""
+    fp8_per_tensor = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
+    defaults = {"num_bits": 8, "type": "int", "strategy": None, "dynamic": False, "symmetric": True}
+    if scheme and any({**defaults, **scheme}[key] != value for key, value in fp8_per_tensor.items()):
+        raise ValueError(f"kv_cache_scheme must be static per-tensor symmetric fp8 {fp8_per_tensor}, got {scheme}.")
 
 
 def _method_of(scheme: dict) -> LinearMethod:

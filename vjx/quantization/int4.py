@@ -6,8 +6,13 @@ the low nibble, row 2i + 1 in the high one); scales [groups, *output dims] in th
 zero points [groups, *output dims] as uint8. A checkpoint's packed int32 words are unpacked on
 the host and repacked this way, so a fused layer joins its parts like any other tensor. With
 act-order (GPTQ `desc_act`), input rows are sorted by group once after loading and the matmul
-gathers the activations in the same order. The matmul dequantizes the kernel to the
-activations' dtype group by group and multiplies; the Pallas INT4 GEMM is the GPU issue's.
+gathers the activations in the same order.
+
+The matmul: on GPU, the Pallas W4A16 kernel (vjx/kernels/int4_matmul.py), which dequantizes
+tiles as it reads them; under tensor parallelism it runs per device in a `shard_map` on the
+device's shard of the weights (a row-parallel layer sums the devices' partial products).
+Elsewhere, and for shapes the kernel's tiles do not divide, jnp dequantizes the weights to the
+activations' dtype group by group inside the jitted step and multiplies.
 """
 
 import abc
@@ -21,12 +26,12 @@ import numpy as np
 from flax import nnx
 from jaxtyping import Array, Float
 
+from vjx.kernels.int4_matmul import SYMMETRIC_ZERO, int4_matmul, kernel_fits
 from vjx.models.layers.param import logical_axes_of, logical_param
 from vjx.quantization.base import LinearMethod, abstract_param, add_bias, flat_shapes, out_axes
+from vjx.sharding.constraints import mesh_spec
 
 NIBBLES_PER_WORD = 8
-SYMMETRIC_ZERO = 8
-"""The zero point of symmetric 4-bit weights, stored unsigned (value + 8)."""
 
 
 def unpack_int32(words: np.ndarray, order: Sequence[int] = tuple(range(NIBBLES_PER_WORD))) -> np.ndarray:
@@ -129,14 +134,67 @@ class Int4LinearMethod(LinearMethod, abc.ABC):
         x_BI = x.reshape(-1, num_in)
         if self.act_order:
             x_BI = jnp.take(x_BI, layer.input_perm[...], axis=1)
-        groups = layer.weight_scale.shape[0]
-        q_GKO = unpack_rows(layer.kernel[...].reshape(num_in // 2, -1)).reshape(groups, num_in // groups, -1)
-        zero_G1O = layer.weight_zero_point[...].reshape(groups, 1, -1) if self.has_zero_points else SYMMETRIC_ZERO
-        zero_G1O = jnp.asarray(zero_G1O).astype(x.dtype)
-        scale_G1O = layer.weight_scale[...].reshape(groups, 1, -1).astype(x.dtype)
-        w_IO = ((q_GKO.astype(x.dtype) - zero_G1O) * scale_G1O).reshape(num_in, -1)
-        y_BO = jnp.dot(x_BI, w_IO)
-        return add_bias(layer, y_BO.reshape(*batch_shape, *out_shape))
+        zero = layer.weight_zero_point if self.has_zero_points else None
+        y = int4_linear(x_BI, layer.kernel, layer.weight_scale, zero, use_kernel=jax.default_backend() == "gpu")
+        return add_bias(layer, y.reshape(*batch_shape, *out_shape))
+
+
+def int4_linear(
+    x_BI: Float[Array, "B I"],
+    kernel: nnx.Param,
+    scale: nnx.Param,
+    zero: nnx.Param | None,
+    *,
+    use_kernel: bool,
+    interpret: bool = False,
+) -> Float[Array, "B ..."]:
+    """x [B, I] times the INT4 params (kernel [I / 2, *out], scale and zero [G, *out]) ->
+    [B, *out]: with `use_kernel`, the Pallas kernel, per device under a mesh; else jnp."""
+    values = [kernel[...], scale[...]] + ([] if zero is None else [zero[...]])
+    local = functools.partial(_local_int4_linear, use_kernel=use_kernel, interpret=interpret)
+    mesh = jax.sharding.get_abstract_mesh()
+    if not use_kernel or mesh.empty or mesh.shape.get("model", 1) == 1:
+        return local(x_BI, *values)
+    axes = logical_axes_of(kernel)
+    in_spec = mesh_spec(mesh, axes[:1])[0]
+    out_spec = mesh_spec(mesh, ("tokens", *axes[1:]))
+
+    def per_device(x_BI, *values):
+        y = local(x_BI, *values)
+        return y if in_spec is None else jax.lax.psum(y, in_spec)
+
+    sharded = jax.shard_map(
+        per_device,
+        mesh=mesh,
+        in_specs=(jax.sharding.PartitionSpec(None, in_spec), *(mesh_spec(mesh, axes) for _ in values)),
+        out_specs=out_spec,
+        check_vma=False,
+    )
+    return sharded(x_BI, *values)
+
+
+def _local_int4_linear(x_BI, packed, scale, zero=None, *, use_kernel: bool, interpret: bool):
+    """One device's product: packed [I / 2, *out] etc. flattened to [., O], then [B, *out]."""
+    out_shape = packed.shape[1:]
+    num_in, groups = x_BI.shape[1], scale.shape[0]
+    packed_HO, scale_GO = packed.reshape(num_in // 2, -1), scale.reshape(groups, -1)
+    zero_GO = None if zero is None else zero.reshape(groups, -1)
+    group_size = num_in // groups
+    if use_kernel and kernel_fits(num_in, packed_HO.shape[1], group_size):
+        y_BO = int4_matmul(x_BI, packed_HO, scale_GO, zero_GO, group_size=group_size, interpret=interpret)
+    else:
+        y_BO = dequantized_matmul(x_BI, packed_HO, scale_GO, zero_GO)
+    return y_BO.reshape(x_BI.shape[0], *out_shape)
+
+
+def dequantized_matmul(x_BI, packed_HO, scale_GO, zero_GO=None) -> Array:
+    """The jnp W4A16 product: the weights dequantized to x's dtype group by group, then a dot."""
+    num_in, groups = x_BI.shape[1], scale_GO.shape[0]
+    q_GKO = unpack_rows(packed_HO).reshape(groups, num_in // groups, -1)
+    zero_G1O = jnp.asarray(SYMMETRIC_ZERO if zero_GO is None else zero_GO[:, None]).astype(x_BI.dtype)
+    scale_G1O = scale_GO[:, None].astype(x_BI.dtype)
+    w_IO = ((q_GKO.astype(x_BI.dtype) - zero_G1O) * scale_G1O).reshape(num_in, -1)
+    return jnp.dot(x_BI, w_IO)
 
 
 @functools.cache

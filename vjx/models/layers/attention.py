@@ -10,8 +10,10 @@ that have it), and whether the checkpoint already fuses q/k/v (`QKV_LINEAR`).
 """
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
+import numpy as np
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
@@ -19,6 +21,7 @@ from vjx.attention.metadata import AttentionMetadata
 from vjx.kv_cache_interface import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
 from vjx.models.layers.linear import Linear, QKVLinear
 from vjx.models.layers.norm import RMSNorm
+from vjx.models.layers.param import HFParamLayer
 from vjx.models.layers.rotary import RotaryEmbedding
 
 
@@ -52,10 +55,25 @@ def layer_sliding_window(hf_config: Any, layer_idx: int) -> int | None:
     return getattr(hf_config, "sliding_window", None)
 
 
-class Attention(nnx.Module):
-    """GQA self-attention; the backend owns the KV cache layout, the write and the kernel."""
+class Attention(nnx.Module, HFParamLayer):
+    """GQA self-attention; the backend owns the KV cache layout, the write and the kernel.
+
+    Its own params are vLLM's per-tensor scales of an fp8 KV cache (which stores k / k_scale
+    and v / v_scale), float32 scalars that calibrated checkpoints carry as `self_attn.k_scale`
+    (or, as ModelOpt and older llm-compressor write them, `self_attn.k_proj.k_scale` and
+    `self_attn.k_proj.output_scale`) and others lack: None then, which means 1.0. A cache of
+    any other dtype ignores them, as in vLLM."""
 
     QKV_LINEAR: ClassVar[type[QKVLinear]] = QKVLinear
+    HF_NAMES = {
+        "k_scale": "k_scale",
+        "v_scale": "v_scale",
+        "k_proj.k_scale": "k_scale",
+        "v_proj.v_scale": "v_scale",
+        "k_proj.output_scale": "k_scale",
+        "v_proj.output_scale": "v_scale",
+    }
+    OPTIONAL_HF_NAMES = frozenset(HF_NAMES)
 
     def __init__(self, args: AttentionArgs, rotary: RotaryEmbedding, *, dtype, backend, rngs):
         D, N, K, H = args.hidden_size, args.num_heads, args.num_kv_heads, args.head_dim
@@ -69,10 +87,8 @@ class Attention(nnx.Module):
         self.sm_scale = args.sm_scale
         self.sliding_window = args.sliding_window
         self.soft_cap = args.soft_cap
-        # vLLM's per-tensor scales of an fp8 KV cache (which stores k / k_scale, v / v_scale):
-        # float32 scalars a checkpoint may give as `self_attn.k_scale`; None means 1.0.
-        self.k_scale = nnx.Param(None)
-        self.v_scale = nnx.Param(None)
+        self.k_scale = nnx.Param(None, out_sharding=(), eager_sharding=False)
+        self.v_scale = nnx.Param(None, out_sharding=(), eager_sharding=False)
 
     def __call__(
         self,
@@ -98,6 +114,13 @@ class Attention(nnx.Module):
             v_scale=self.v_scale.get_value(),
         )
         return self.o_proj(out_TNH), kv_cache
+
+    def to_param_layout(self, attr: str, tensors: Sequence[np.ndarray]) -> np.ndarray:
+        """A KV cache scale as a float32 scalar (checkpoints store it as [] or [1])."""
+        (tensor,) = tensors
+        if tensor.size != 1:
+            raise ValueError(f"{attr} must be one value, got shape {tensor.shape}.")
+        return np.asarray(tensor, np.float32).reshape(())
 
     def normalize_qk(
         self, q_TNH: Float[Array, "T N H"], k_TKH: Float[Array, "T K H"]

@@ -37,10 +37,15 @@ class HFParamLayer:
     `qkv_proj` is filled from `q_proj`, `k_proj` and `v_proj`); otherwise its own path is the
     one part. `to_param_layout` turns the part tensors, in `HF_PARTS` order, into the param's
     layout (the default keeps the one tensor, up to a reshape).
+
+    `OPTIONAL_HF_NAMES` are tensors a checkpoint may lack (an attention layer's fp8 KV cache
+    scales): their params hold None until a checkpoint gives them, and the tensor's layout
+    then fixes the param's shape and dtype.
     """
 
     HF_NAMES: ClassVar[dict[str, str]] = {}
     HF_PARTS: tuple[str, ...] = ()
+    OPTIONAL_HF_NAMES: ClassVar[frozenset[str]] = frozenset()
 
     def to_param_layout(self, attr: str, tensors: Sequence[np.ndarray]) -> np.ndarray:
         (tensor,) = tensors
