@@ -14,18 +14,16 @@ smoke run, not a measurement).
 
 import argparse
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 
 from benchmarks import harness
-from benchmarks.kernels.projections import projection_shapes
+from benchmarks.kernels.projections import per_layer_us, projection_shapes
 from benchmarks.roofline import ModelShape
 from vjx.kernels.int4_matmul import int4_matmul, kernel_fits
 from vjx.quantization.int4 import dequantized_matmul
 
-_CALLS = 30
 HEADER = ["tokens", "projection", "bf16 us", "int4 pallas us", "int4 jnp us", "bf16 TB/s", "int4 pallas TB/s"]
 
 
@@ -38,13 +36,7 @@ def _int4_weights(key, num_in: int, num_out: int, group_size: int):
 
 
 def _time_us(product, x, weights, layers: int) -> float:
-    step = jax.jit(lambda x, weights: [product(x, *w) for w in weights])
-    jax.block_until_ready(step(x, weights))
-    start = time.perf_counter()
-    for _ in range(_CALLS):
-        out = step(x, weights)
-    jax.block_until_ready(out)
-    return (time.perf_counter() - start) / _CALLS / layers * 1e6
+    return per_layer_us(lambda x, weights: [product(x, *w) for w in weights], x, weights, layers)
 
 
 def time_case(num_tokens: int, num_in: int, num_out: int, group_size: int, layers: int, key) -> dict[str, float]:

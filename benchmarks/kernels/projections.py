@@ -47,7 +47,12 @@ def time_per_layer_us(num_tokens: int, shapes: list[tuple[int, int]], layers: in
         for i, shape in enumerate(shapes)
     ]
     x = jax.random.normal(jax.random.fold_in(key, 7), (num_tokens, shapes[0][0]), jnp.bfloat16)
-    step = jax.jit(lambda x, weights: [x @ w for per_shape in weights for w in per_shape])
+    return per_layer_us(lambda x, weights: [x @ w for per_shape in weights for w in per_shape], x, weights, layers)
+
+
+def per_layer_us(products, x, weights, layers: int) -> float:
+    """`products(x, weights)` jitted, after a warm-up call: the mean of pipelined calls, per layer."""
+    step = jax.jit(products)
     jax.block_until_ready(step(x, weights))
     start = time.perf_counter()
     for _ in range(_CALLS):
