@@ -126,7 +126,8 @@ def _load_kv(walk: Walk, which: int, keys: Array, key_mask: Array | None) -> Arr
         kv = plgpu.load(walk.kv_ref.at[index])
     else:
         mask = jnp.broadcast_to(key_mask[:, None], (keys.shape[0], g.head_dim))
-        kv = plgpu.load(walk.kv_ref.at[index], mask=mask, other=0)
+        # A float `other`: Triton's lowering casts no integer constant to float8.
+        kv = plgpu.load(walk.kv_ref.at[index], mask=mask, other=0.0)
     return kv.astype(walk.q.dtype)
 
 
