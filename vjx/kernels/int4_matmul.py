@@ -34,24 +34,16 @@ MIN_DOT = 16
 """Triton's smallest dot dimension: BM, BN and BK / 2 are at least this."""
 
 
-def _largest_power_of_two_dividing(n: int, cap: int) -> int:
-    block = 1
-    while block * 2 <= cap and n % (block * 2) == 0:
-        block *= 2
-    return block
-
-
-def tile_sizes(num_rows: int, num_in: int, num_out: int, group_size: int) -> tuple[int, int, int]:
-    """(BM, BN, BK) for an [M, K] x [K, N] product with groups of `group_size` inputs."""
+def tile_sizes(num_rows: int, num_out: int, group_size: int) -> tuple[int, int, int]:
+    """(BM, BN, BK) for M rows, N outputs and groups of `group_size` inputs: BN and BK the
+    largest powers of two dividing N and the group size (n & -n), capped."""
     block_m = MIN_DOT if num_rows <= MIN_DOT else 64
-    block_n = _largest_power_of_two_dividing(num_out, MAX_BLOCK_N)
-    block_k = _largest_power_of_two_dividing(group_size, MAX_BLOCK_K)
-    return block_m, block_n, block_k
+    return block_m, min(num_out & -num_out, MAX_BLOCK_N), min(group_size & -group_size, MAX_BLOCK_K)
 
 
 def kernel_fits(num_in: int, num_out: int, group_size: int) -> bool:
     """Whether the kernel's tiles divide these shapes (else the caller uses jnp)."""
-    _, block_n, block_k = tile_sizes(1, num_in, num_out, group_size)
+    _, block_n, block_k = tile_sizes(1, num_out, group_size)
     return num_in % group_size == 0 and block_n >= MIN_DOT and block_k // 2 >= MIN_DOT
 
 
@@ -102,7 +94,7 @@ def int4_matmul(
     (num_rows, num_in), num_out = x.shape, packed.shape[1]
     if not kernel_fits(num_in, num_out, group_size):
         raise ValueError(f"the INT4 kernel's tiles do not divide K={num_in}, N={num_out}, group size {group_size}.")
-    block_m, block_n, block_k = tile_sizes(num_rows, num_in, num_out, group_size)
+    block_m, block_n, block_k = tile_sizes(num_rows, num_out, group_size)
     padded = pl.cdiv(num_rows, block_m) * block_m
     x = jnp.pad(x, ((0, padded - num_rows), (0, 0)))
     operands = [x[:, 0::2], x[:, 1::2], packed, scale.astype(x.dtype)] + ([] if zero is None else [zero])
