@@ -121,6 +121,9 @@ class ParallelConfig:
     data_parallel_rank: int = 0
     """Which replica this engine is: it runs on the rank-th group of `tensor_parallel_size`
     devices."""
+    enable_expert_parallel: bool = False
+    """MoE layers put whole experts on each of the replica's devices instead of splitting
+    every expert's width over them (vLLM's flag)."""
 
 
 @dataclasses.dataclass(frozen=True)

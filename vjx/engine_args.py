@@ -162,6 +162,11 @@ class EngineArgs(VllmCompatArgs):
         "Engine replicas, each on its own tensor_parallel_size devices with its "
         "own scheduler and KV cache; requests go to the least loaded one.",
     )
+    enable_expert_parallel: bool = _field(
+        False,
+        "MoE models: each of a replica's tensor_parallel_size devices holds whole experts "
+        "(num_experts must divide evenly) instead of a slice of every expert's width.",
+    )
     load_format: str = _field("auto", f"How to read weights: one of {_LOAD_FORMATS}.")
     quantization: str | None = _field(
         None,
@@ -244,7 +249,7 @@ class EngineArgs(VllmCompatArgs):
         _verify_generation_config(model_config)
         get_quantization_config(self.quantization, hf_config)
         parallel_config = self.create_parallel_config()
-        verify_tensor_parallel(hf_config.get_text_config(), self.tensor_parallel_size)
+        verify_tensor_parallel(hf_config.get_text_config(), self.tensor_parallel_size, self.enable_expert_parallel)
         device_groups(parallel_config)
         return VjxConfig(
             model_config=model_config,
@@ -268,7 +273,9 @@ class EngineArgs(VllmCompatArgs):
     def create_parallel_config(self) -> ParallelConfig:
         """The layout over devices (replica 0's; each replica's engine takes its own rank)."""
         return ParallelConfig(
-            tensor_parallel_size=self.tensor_parallel_size, data_parallel_size=self.data_parallel_size
+            tensor_parallel_size=self.tensor_parallel_size,
+            data_parallel_size=self.data_parallel_size,
+            enable_expert_parallel=self.enable_expert_parallel,
         )
 
     def _verify_args(self) -> None:

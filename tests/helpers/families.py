@@ -1,11 +1,11 @@
-"""Tiny random configs of every dense family vjx implements, built with `transformers`.
+"""Tiny random configs of every family vjx implements, built with `transformers`.
 
 Each has 4 query heads and 2 KV heads (tensor parallelism of 2 and 4 splits them evenly and,
 at 4, repeats each KV head), head_dim 16 (Qwen 3: 32, not hidden / heads), hidden 64 and a
 vocabulary of 296 inside the test tokenizer's ids. Every feature the family file implements
 is switched on with a value that changes the logits: sliding windows shorter than the long
 prompt, soft-caps low enough to bite, Granite's multipliers away from one, LongRoPE's long
-factors.
+factors, MoE layers mixed with dense ones, shared experts, renormalized and raw routing weights.
 """
 
 import jax
@@ -104,6 +104,28 @@ FAMILIES = {
         residual_multiplier=0.5,
         logits_scaling=2.0,
     ),
+    "mixtral": lambda: transformers.MixtralConfig(
+        **COMMON, num_hidden_layers=2, num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW
+    ),
+    "qwen2_moe": lambda: transformers.Qwen2MoeConfig(
+        **COMMON,
+        num_hidden_layers=3,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=96,
+        mlp_only_layers=[1],
+        norm_topk_prob=False,
+    ),
+    "qwen3_moe": lambda: transformers.Qwen3MoeConfig(
+        **COMMON,
+        num_hidden_layers=3,
+        num_experts=8,
+        num_experts_per_tok=3,
+        moe_intermediate_size=32,
+        decoder_sparse_step=2,
+        norm_topk_prob=True,
+    ),
 }
 """Family name -> a function building its config (the architecture is set by `family_config`)."""
 
@@ -116,6 +138,9 @@ ARCHITECTURES = {
     "phi3_longrope": "Phi3ForCausalLM",
     "olmo2": "Olmo2ForCausalLM",
     "granite": "GraniteForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
 }
 
 MIN_PROMPT_LEN = {"phi3_longrope": 65}
@@ -138,6 +163,7 @@ class Family:
         torch.manual_seed(0)
         self.hf_model = getattr(transformers, self.hf_config.architectures[0])(self.hf_config).eval()
         self.hf_model.config._attn_implementation = "eager"
+        self.hf_model.config._experts_implementation = "eager"
         randomize_(self.hf_model, 0)
         self.hf_model.save_pretrained(model_dir)
         self.model_config = ModelConfig(

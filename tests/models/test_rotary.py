@@ -1,10 +1,16 @@
 """RoPE variants against transformers' own frequency tables (`ROPE_INIT_FUNCTIONS`): the
-per-layer-type parameters of Gemma 3 and LongRoPE's choice of factors."""
+per-layer-type parameters of Gemma 3, LongRoPE's choice of factors and YaRN's ramp and
+attention factor."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
+import transformers
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
+from transformers.models.gpt_oss import modeling_gpt_oss
+from transformers.models.qwen3 import modeling_qwen3
 
 from tests.helpers.families import family_config
 from vjx.models.layers.rotary import RotaryEmbedding
@@ -38,3 +44,58 @@ def test_partial_rotary_factor_is_refused():
     config.rope_parameters = {**config.rope_parameters, "partial_rotary_factor": 0.5}
     with pytest.raises(ValueError, match="partial_rotary_factor must be 1.0, got 0.5"):
         RotaryEmbedding.from_hf_config(config, config.head_dim)
+
+
+def _yarn_config(name: str):
+    """gpt-oss as published (bounds not truncated), Qwen 3 extended 4x (`truncate` left to
+    its default), DeepSeek's parameters with `mscale` and `mscale_all_dim` that differ."""
+    if name == "gpt_oss":
+        return transformers.GptOssConfig()
+    qwen3 = {"rope_theta": 1000000.0, "factor": 4.0, "original_max_position_embeddings": 32768}
+    deepseek = {
+        "rope_theta": 10000.0,
+        "factor": 40.0,
+        "original_max_position_embeddings": 4096,
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "mscale": 1.0,
+        "mscale_all_dim": 0.707,
+    }
+    params = {"qwen3": qwen3, "deepseek": deepseek}[name]
+    max_len = int(params["factor"] * params["original_max_position_embeddings"])
+    return transformers.Qwen3Config(
+        head_dim=64, max_position_embeddings=max_len, rope_parameters={"rope_type": "yarn", **params}
+    )
+
+
+YARN_CASES = [("gpt_oss", 1, 2e-3), ("qwen3", 0, 1e-5), ("deepseek", 0, 1e-5)]
+"""Config, ulps and rotation tolerance. torch's vectorized `theta ** exponents` lands one ulp off
+the correctly rounded power (vjx's, and torch's own one-element result) in planes 6 and 10 at
+gpt-oss's theta 150000; times positions up to 131071 that ulp moves an angle by ~1e-3."""
+
+
+@pytest.mark.parametrize("name, max_ulp", [(name, max_ulp) for name, max_ulp, _ in YARN_CASES])
+def test_yarn_matches_transformers(name, max_ulp):
+    config = _yarn_config(name)
+    ours = RotaryEmbedding.from_hf_config(config, config.head_dim)
+    inv_freq, attention_factor = ROPE_INIT_FUNCTIONS["yarn"](config)
+    np.testing.assert_array_max_ulp(np.asarray(ours.inv_freq, np.float32), inv_freq.numpy(), maxulp=max_ulp)
+    assert ours.attention_scaling == attention_factor
+    assert ours.attention_scaling != 1.0
+
+
+@pytest.mark.parametrize("name, atol", [(name, atol) for name, _, atol in YARN_CASES])
+def test_yarn_rotation_matches_transformers(name, atol):
+    """q rotated by the model's own rotary module and `apply_rotary_pos_emb` (gpt-oss's
+    halves, Qwen 3's rotate_half) at positions across the extended context."""
+    config = _yarn_config(name)
+    modeling = modeling_gpt_oss if name == "gpt_oss" else modeling_qwen3
+    rotary = getattr(modeling, "GptOssRotaryEmbedding" if name == "gpt_oss" else "Qwen3RotaryEmbedding")(config)
+    positions = np.array([0, 1, 7, 100, 4095, 4096, 30000, config.max_position_embeddings - 1])
+    q_TNH = np.random.default_rng(0).standard_normal((len(positions), 2, config.head_dim)).astype(np.float32)
+    q = torch.from_numpy(q_TNH).transpose(0, 1)[None]
+    cos, sin = rotary(q, torch.from_numpy(positions)[None])
+    want, _ = modeling.apply_rotary_pos_emb(q, q, cos, sin)
+    ours = RotaryEmbedding.from_hf_config(config, config.head_dim)
+    got = ours(jnp.asarray(q_TNH), jnp.asarray(positions, jnp.int32))
+    np.testing.assert_allclose(np.asarray(got), want[0].transpose(0, 1).numpy(), rtol=0, atol=atol)

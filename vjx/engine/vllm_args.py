@@ -40,7 +40,7 @@ _TEXT_ONLY = "vjx loads text-only language models, so no media is read"
 _MM = "multimodal inputs are not built yet"
 _LORA = "LoRA adapters are not built yet"
 _SPEC = "speculative decoding is not built yet"
-_EP = "expert parallelism is not built yet"
+_EP = "vjx runs expert parallelism as enable_expert_parallel (local experts, then an all-reduce); this is not built"
 _DBO = "dual-batch overlap is not built yet"
 _MULTI_NODE = "multi-node and externally launched data parallelism are not built yet"
 _CONTEXT_PARALLEL = "context parallelism is not built yet"
@@ -129,7 +129,7 @@ VLLM_ARGS: tuple[VllmArg, ...] = tuple(
         ("data_parallel_multi_port_external_lb", False, "bool", UNSUPPORTED, _MULTI_NODE),
         ("data_parallel_backend", "mp", "str", UNSUPPORTED, _MULTI_NODE),
         ("enable_hc_sp", False, "bool", UNSUPPORTED, _EP),
-        ("enable_expert_parallel", False, "bool", UNSUPPORTED, _EP),
+        ("enable_expert_parallel", False, "bool", VJX, ""),
         ("enable_batch_sharded_sampling", None, "bool", UNSUPPORTED, "batch-sharded sampling is not built yet"),
         ("enable_ep_weight_filter", False, "bool", UNSUPPORTED, _EP),
         ("moe_backend", "auto", "str", NO_EFFECT, _KERNELS),

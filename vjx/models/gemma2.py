@@ -53,7 +53,7 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
             soft_cap=ctx.hf_config.attn_logit_softcapping,
         )
 
-    def make_mlp(self, ctx: BuildContext) -> GatedMLP:
+    def make_mlp(self, ctx: BuildContext, layer_idx: int) -> GatedMLP:
         args = ctx.args
         return GatedMLP(
             args.hidden_size,
@@ -65,7 +65,8 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
         )
 
     def make_layer(self, ctx: BuildContext, layer_idx: int) -> nnx.Module:
-        return GemmaDecoderLayer(ctx.args, self.make_attention(ctx, layer_idx), self.make_mlp(ctx), dtype=ctx.dtype)
+        attention, mlp = self.make_attention(ctx, layer_idx), self.make_mlp(ctx, layer_idx)
+        return GemmaDecoderLayer(ctx.args, attention, mlp, dtype=ctx.dtype)
 
     def make_norm(self, ctx: BuildContext, num_features: int) -> nnx.Module:
         return GemmaRMSNorm(num_features, eps=ctx.args.rms_norm_eps, dtype=ctx.dtype)

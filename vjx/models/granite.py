@@ -41,7 +41,7 @@ class GraniteForCausalLM(LlamaForCausalLM):
         return GraniteDecoderLayer(
             ctx.args,
             self.make_attention(ctx, layer_idx),
-            self.make_mlp(ctx),
+            self.make_mlp(ctx, layer_idx),
             dtype=ctx.dtype,
             residual_multiplier=ctx.hf_config.residual_multiplier,
         )

@@ -21,7 +21,7 @@ from vjx.models.layers.norm import RMSNorm
 class LlamaDecoderLayer(nnx.Module):
     """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, args: DecoderArgs, self_attn: Attention, mlp: GatedMLP, *, dtype):
+    def __init__(self, args: DecoderArgs, self_attn: Attention, mlp: nnx.Module, *, dtype):
         eps = args.rms_norm_eps
         self.input_layernorm = RMSNorm(args.hidden_size, eps=eps, dtype=dtype)
         self.self_attn = self_attn
@@ -67,7 +67,8 @@ class LlamaForCausalLM(DecoderForCausalLM):
             self.attention_args(ctx, layer_idx), ctx.rotary(), dtype=ctx.dtype, backend=ctx.backend, rngs=ctx.rngs
         )
 
-    def make_mlp(self, ctx: BuildContext) -> GatedMLP:
+    def make_mlp(self, ctx: BuildContext, layer_idx: int) -> nnx.Module:
+        """Layer `layer_idx`'s MLP (a MoE family's sparse block on its MoE layers)."""
         hidden_act = getattr(ctx.hf_config, "hidden_act", "silu")
         use_bias = getattr(ctx.hf_config, "mlp_bias", False)
         args = ctx.args
@@ -76,4 +77,5 @@ class LlamaForCausalLM(DecoderForCausalLM):
         )
 
     def make_layer(self, ctx: BuildContext, layer_idx: int) -> nnx.Module:
-        return LlamaDecoderLayer(ctx.args, self.make_attention(ctx, layer_idx), self.make_mlp(ctx), dtype=ctx.dtype)
+        attention, mlp = self.make_attention(ctx, layer_idx), self.make_mlp(ctx, layer_idx)
+        return LlamaDecoderLayer(ctx.args, attention, mlp, dtype=ctx.dtype)

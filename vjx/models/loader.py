@@ -32,7 +32,7 @@ from jax.sharding import Mesh, Sharding, SingleDeviceSharding
 from vjx.attention.backend import AttentionBackend
 from vjx.config import ModelConfig
 from vjx.models.layers.linear import INIT_STDDEV, Linear
-from vjx.models.layers.param import logical_axes_of
+from vjx.models.layers.param import HFParamLayer, logical_axes_of
 from vjx.models.registry import get_model_class
 from vjx.quantization import QuantizationConfig, get_quantization_config
 from vjx.sharding.mesh import model_axis_size
@@ -104,8 +104,15 @@ class _ShapeOnlyRngs(nnx.Rngs):
         return jax.random.key(0)
 
 
-def get_model(model_config: ModelConfig, backend: AttentionBackend, *, mesh: Mesh | None = None) -> nnx.Module:
-    """The model of `model_config` with its weights on the device (or spread over `mesh`)."""
+def get_model(
+    model_config: ModelConfig,
+    backend: AttentionBackend,
+    *,
+    mesh: Mesh | None = None,
+    enable_expert_parallel: bool = False,
+) -> nnx.Module:
+    """The model of `model_config` with its weights on the device (or spread over `mesh`,
+    whole experts per device with `enable_expert_parallel`)."""
     if model_config.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {model_config.dtype!r}.")
     if model_config.load_format not in LOAD_FORMATS:
@@ -119,6 +126,7 @@ def get_model(model_config: ModelConfig, backend: AttentionBackend, *, mesh: Mes
             backend=backend,
             rngs=_ShapeOnlyRngs(model_config.seed),
             max_model_len=model_config.max_model_len,
+            enable_expert_parallel=enable_expert_parallel,
         )
     )
     quant_config = get_quantization_config(model_config.quantization, model_config.hf_config)
@@ -129,7 +137,7 @@ def get_model(model_config: ModelConfig, backend: AttentionBackend, *, mesh: Mes
         _fill_dummy(slots, model_config.seed, placement)
     else:
         is_tied = getattr(model_config.hf_text_config, "tie_word_embeddings", False)
-        names = _CheckpointNames(model_cls.CHECKPOINT_PREFIXES, is_tied)
+        names = _CheckpointNames(model_cls.CHECKPOINT_PREFIXES, model_cls.CHECKPOINT_SUBSTRINGS, is_tied)
         _fill_from_safetensors(slots, pathlib.Path(model_config.model), names, placement)
     for layer in quantized:
         layer.quant_method.process_weights_after_loading(layer, placement.sharding_of)
@@ -154,17 +162,11 @@ def _param_slots(model: nnx.Module) -> dict[str, _ParamSlot]:
     """Every param of `model`, keyed by the names its checkpoint tensors have (one per part)."""
     slots = {}
     for path, node in nnx.iter_graph(model):
-        if not isinstance(node, nnx.Module) or not getattr(node, "HF_NAMES", None):
+        if not isinstance(node, HFParamLayer):
             continue
-        names = [str(part) for part in path]
-        prefixes = [".".join(names[:-1] + [part]) for part in node.HF_PARTS] or [".".join(names)]
-        for hf_leaf, attr in node.HF_NAMES.items():
-            param = getattr(node, attr)
-            if param is None:
-                continue
-            optional = hf_leaf in node.OPTIONAL_HF_NAMES
-            for part, prefix in enumerate(prefixes):
-                slots[f"{prefix}.{hf_leaf}"] = _ParamSlot(node, attr, param, part, len(prefixes), optional)
+        for name, tensor in node.hf_tensors([str(part) for part in path]).items():
+            param = getattr(node, tensor.attr)
+            slots[name] = _ParamSlot(node, tensor.attr, param, tensor.part, tensor.num_parts, tensor.optional)
     return slots
 
 
@@ -217,6 +219,8 @@ class _CheckpointNames:
     prefixes: dict[str, str | None]
     """Checkpoint name prefix -> the model's (None: tensors the model does not use, e.g. a
     vision tower); the first matching prefix applies."""
+    substrings: dict[str, str]
+    """Name parts renamed wherever they occur, after the prefix."""
     is_tied: bool
     """The LM head is the embedding, so a stored `lm_head.weight` is a copy to skip."""
 
@@ -228,6 +232,8 @@ class _CheckpointNames:
                     return None
                 name = new_prefix + name[len(prefix) :]
                 break
+        for old, new in self.substrings.items():
+            name = name.replace(old, new)
         if name.endswith(_DERIVED_SUFFIXES) or (self.is_tied and name == "lm_head.weight"):
             return None
         return name

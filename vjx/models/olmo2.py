@@ -60,4 +60,5 @@ class Olmo2ForCausalLM(LlamaForCausalLM):
     ATTENTION = Olmo2Attention
 
     def make_layer(self, ctx: BuildContext, layer_idx: int) -> nnx.Module:
-        return Olmo2DecoderLayer(ctx.args, self.make_attention(ctx, layer_idx), self.make_mlp(ctx), dtype=ctx.dtype)
+        attention, mlp = self.make_attention(ctx, layer_idx), self.make_mlp(ctx, layer_idx)
+        return Olmo2DecoderLayer(ctx.args, attention, mlp, dtype=ctx.dtype)

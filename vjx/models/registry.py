@@ -8,17 +8,23 @@ from vjx.models.gemma2 import Gemma2ForCausalLM
 from vjx.models.gemma3 import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
 from vjx.models.granite import GraniteForCausalLM
 from vjx.models.llama import LlamaForCausalLM
+from vjx.models.mixtral import MixtralForCausalLM
 from vjx.models.olmo2 import Olmo2ForCausalLM
 from vjx.models.phi3 import Phi3ForCausalLM
 from vjx.models.qwen2 import Qwen2ForCausalLM
+from vjx.models.qwen2_moe import Qwen2MoeForCausalLM
 from vjx.models.qwen3 import Qwen3ForCausalLM
+from vjx.models.qwen3_moe import Qwen3MoeForCausalLM
 from vjx.sharding.placement import kv_head_replicas
 
 _MODELS: dict[str, type[nnx.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Gemma3ForConditionalGeneration": Gemma3ForConditionalGeneration,
@@ -41,15 +47,21 @@ def get_model_class(hf_config: Any) -> type[nnx.Module]:
     raise ValueError(f"architectures {architectures} are not supported; vjx implements {supported_architectures()}.")
 
 
-def verify_tensor_parallel(hf_config: Any, tensor_parallel_size: int) -> None:
+def verify_tensor_parallel(hf_config: Any, tensor_parallel_size: int, enable_expert_parallel: bool = False) -> None:
     """Raises ValueError unless the model's heads, KV heads, MLP width and vocabulary split
-    evenly over `tensor_parallel_size` devices (KV heads may instead be repeated)."""
+    evenly over `tensor_parallel_size` devices (KV heads may instead be repeated), and a MoE
+    model's experts (with `enable_expert_parallel`) or each expert's width (without)."""
     num_heads = hf_config.num_attention_heads
     sizes = {
         "num_attention_heads": num_heads,
         "intermediate_size": hf_config.intermediate_size,
         "vocab_size": hf_config.vocab_size,
     }
+    if getattr(hf_config, "num_experts", None):
+        if enable_expert_parallel:
+            sizes["num_experts"] = hf_config.num_experts
+        elif getattr(hf_config, "moe_intermediate_size", None):
+            sizes["moe_intermediate_size"] = hf_config.moe_intermediate_size
     for name, size in sizes.items():
         if size % tensor_parallel_size:
             raise ValueError(

@@ -21,6 +21,7 @@ LOGICAL_AXIS_RULES: dict[str, str | None] = {
     "head_dim": None,
     "qkv": None,
     "mlp": "model",
+    "experts": "model",
     "norm": None,
 }
 """Logical axis name -> mesh axis name (None: replicated along that dimension)."""

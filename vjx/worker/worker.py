@@ -51,7 +51,12 @@ class Worker:
         self.mesh = make_mesh(config.parallel_config)
         self.backend = get_attention_backend(config.attention_backend)
         start = time.perf_counter()
-        self.model = get_model(config.model_config, ShardedBackend(self.backend), mesh=self.mesh)
+        self.model = get_model(
+            config.model_config,
+            ShardedBackend(self.backend),
+            mesh=self.mesh,
+            enable_expert_parallel=config.parallel_config.enable_expert_parallel,
+        )
         self.load_time = time.perf_counter() - start
         logger.info("loaded %s in %.1f s on %d device(s)", config.model_config.model, self.load_time, self.mesh.size)
         self.kv_cache_specs = self.get_kv_cache_spec()

@@ -119,6 +119,8 @@ class BuildContext:
     rngs: nnx.Rngs
     max_model_len: int | None
     """The engine's context length (None: the model's); LongRoPE picks its factors by it."""
+    expert_parallel: bool = False
+    """MoE layers put whole experts on each device (vLLM's `enable_expert_parallel`)."""
 
     def rotary(self, layer_type: str | None = None) -> RotaryEmbedding:
         return RotaryEmbedding.from_hf_config(
@@ -140,6 +142,9 @@ class DecoderForCausalLM(nnx.Module):
     CHECKPOINT_PREFIXES: ClassVar[dict[str, str | None]] = {}
     """Checkpoint tensor name prefixes the loader renames (to the given prefix) or skips
     (None): for checkpoints whose language model sits under another path."""
+    CHECKPOINT_SUBSTRINGS: ClassVar[dict[str, str]] = {}
+    """Parts of checkpoint tensor names the loader renames wherever they occur (vLLM's
+    `WeightsMapper.orig_to_new_substr`): for a module the family names differently."""
 
     def __init__(
         self,
@@ -149,12 +154,13 @@ class DecoderForCausalLM(nnx.Module):
         backend: AttentionBackend,
         rngs: nnx.Rngs,
         max_model_len: int | None = None,
+        enable_expert_parallel: bool = False,
     ):
         # The language model's config: `hf_config` itself, unless multimodal (Gemma 3).
         text_config = hf_config.get_text_config()
         args = DecoderArgs.from_hf_config(text_config)
         dtype = jnp.dtype(dtype)
-        ctx = BuildContext(text_config, args, dtype, backend, rngs, max_model_len)
+        ctx = BuildContext(text_config, args, dtype, backend, rngs, max_model_len, enable_expert_parallel)
         norm = self.make_norm(ctx, args.hidden_size)
         embed_scale = self.embed_scale(ctx)
         self.model = DecoderModel(

@@ -6,6 +6,7 @@ Flax's eager sharding stays off for them: the names are logical, not mesh axes, 
 loader places each param itself through the rules table.
 """
 
+import dataclasses
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -41,12 +42,38 @@ class HFParamLayer:
     `OPTIONAL_HF_NAMES` are tensors a checkpoint may lack (an attention layer's fp8 KV cache
     scales): their params hold None until a checkpoint gives them, and the tensor's layout
     then fixes the param's shape and dtype.
+
+    A layer whose params each gather different tensors (the experts of a MoE layer) overrides
+    `hf_tensors` instead.
     """
 
     HF_NAMES: ClassVar[dict[str, str]] = {}
     HF_PARTS: tuple[str, ...] = ()
     OPTIONAL_HF_NAMES: ClassVar[frozenset[str]] = frozenset()
 
+    def hf_tensors(self, path: Sequence[str]) -> dict[str, "HFTensor"]:
+        """The checkpoint tensors of the layer at module path `path`, by full name."""
+        prefixes = [".".join([*path[:-1], part]) for part in self.HF_PARTS] or [".".join(path)]
+        tensors = {}
+        for hf_leaf, attr in self.HF_NAMES.items():
+            if getattr(self, attr) is None:
+                continue
+            optional = hf_leaf in self.OPTIONAL_HF_NAMES
+            for part, prefix in enumerate(prefixes):
+                tensors[f"{prefix}.{hf_leaf}"] = HFTensor(attr, part, len(prefixes), optional)
+        return tensors
+
     def to_param_layout(self, attr: str, tensors: Sequence[np.ndarray]) -> np.ndarray:
         (tensor,) = tensors
         return tensor.reshape(getattr(self, attr).shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class HFTensor:
+    """What one checkpoint tensor fills: part `part` of the `num_parts` that param `attr`
+    joins (in `to_param_layout`'s order); `optional`: a checkpoint may lack it."""
+
+    attr: str
+    part: int = 0
+    num_parts: int = 1
+    optional: bool = False

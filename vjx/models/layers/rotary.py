@@ -2,8 +2,9 @@
 
 The two halves of each head (not interleaved pairs as in llama.cpp) form the rotated
 planes: x * cos + rotate_half(x) * sin with cos/sin = [freqs, freqs]. Inverse frequencies
-are computed once on the host in float32, as HF does, so scaled variants (llama3, linear)
-match HF bit for bit before the rotation.
+are computed once on the host in float32, as HF does, so scaled variants (llama3, linear,
+YaRN) match HF bit for bit before the rotation wherever torch rounds theta ** (2i / H)
+correctly (its vectorized pow is one ulp off in two planes at gpt-oss's theta 150000).
 """
 
 import dataclasses
@@ -15,7 +16,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int
 
 DEFAULT_ROPE_THETA = 10000.0
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope", "yarn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,7 +26,7 @@ class RotaryEmbedding:
     inv_freq: tuple[float, ...]
     """One inverse frequency per rotated plane (head_dim / 2 of them), float32 values."""
     attention_scaling: float = 1.0
-    """Factor on cos and sin (LongRoPE's attention factor); 1 for the other types."""
+    """Factor on cos and sin (LongRoPE's and YaRN's attention factor); 1 for the other types."""
 
     @classmethod
     def from_hf_config(
@@ -47,6 +48,8 @@ class RotaryEmbedding:
         elif rope_type == "longrope":
             max_len = hf_config.max_position_embeddings if max_model_len is None else max_model_len
             inv_freq, attention_scaling = _longrope(powers, params, hf_config, max_len)
+        elif rope_type == "yarn":
+            inv_freq, attention_scaling = _yarn(powers, params, hf_config, head_dim)
         elif rope_type != "default":
             raise ValueError(f"rope_type must be one of {SUPPORTED_ROPE_TYPES}, got {rope_type!r}.")
         return cls(inv_freq=tuple(float(f) for f in inv_freq.astype(np.float32)), attention_scaling=attention_scaling)
@@ -88,7 +91,7 @@ def rope_parameters(hf_config: Any, layer_type: str | None = None) -> dict[str, 
 def _rope_powers(theta: float, head_dim: int) -> np.ndarray:
     """theta ** (2i / head_dim) per plane i: the wavelengths / 2 pi of plain RoPE."""
     exponents = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
-    # The power is rounded once to float32 (computed in float64), as torch's float pow is.
+    # The power is rounded once to float32 (computed in float64), as torch's scalar float pow is.
     return (np.float64(theta) ** exponents.astype(np.float64)).astype(np.float32)
 
 
@@ -123,3 +126,50 @@ def _longrope(powers: np.ndarray, params: dict[str, Any], hf_config: Any, max_le
         factor = params.get("factor") or hf_config.max_position_embeddings / original
         attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
     return scaled, float(attention_factor)
+
+
+def _yarn(powers: np.ndarray, params: dict[str, Any], hf_config: Any, head_dim: int) -> tuple[np.ndarray, float]:
+    """YaRN: planes that turn fewer than `beta_slow` times over the original context are
+    slowed by `factor`, those turning more than `beta_fast` times are kept, a linear ramp
+    blends the ones between; cos and sin grow with log(factor)."""
+    original = (
+        params.get("original_max_position_embeddings")
+        or getattr(hf_config, "original_max_position_embeddings", None)
+        or hf_config.max_position_embeddings
+    )
+    factor = float(params.get("factor") or hf_config.max_position_embeddings / original)
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
+        if mscale and mscale_all_dim:
+            attention_factor = _yarn_mscale(factor, float(mscale)) / _yarn_mscale(factor, float(mscale_all_dim))
+        else:
+            attention_factor = _yarn_mscale(factor)
+    extrapolation = np.reciprocal(powers)
+    interpolation = np.reciprocal(np.float32(factor) * powers)
+    kept = np.float32(1.0) - _yarn_ramp(params, float(params["rope_theta"]), head_dim, original)
+    inv_freq = interpolation * (np.float32(1.0) - kept) + extrapolation * kept
+    return inv_freq, float(attention_factor)
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """The paper's cos/sin factor, 0.1 * mscale * ln(factor) + 1 (1 when not extending)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _yarn_ramp(params: dict[str, Any], theta: float, head_dim: int, original: int) -> np.ndarray:
+    """Per plane, 0 up to the last plane turning `beta_fast` times over the original context,
+    1 from the first turning only `beta_slow` times, linear between; the bounds are rounded
+    outward to whole planes unless `truncate` is False (gpt-oss)."""
+
+    def plane(num_rotations: float) -> float:
+        return (head_dim * math.log(original / (num_rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = plane(float(params.get("beta_fast") or 32)), plane(float(params.get("beta_slow") or 1))
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # a step instead of a ramp, without dividing by zero
+    ramp = (np.arange(head_dim // 2, dtype=np.float32) - np.float32(low)) / np.float32(high - low)
+    return np.clip(ramp, 0, 1)
