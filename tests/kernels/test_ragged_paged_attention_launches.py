@@ -96,7 +96,9 @@ def test_decode_launch_writes_rows_of_one_segment():
     q, _, _, kv_cache = batch.device_arrays()
     md = batch.md
     scales = jnp.ones((2,), jnp.float32)
-    step = rpa._Step(q, kv_cache, scales, md.query_start_loc, md.seq_lens, md.block_tables, md.num_seqs, SCORING, True)
+    step = rpa._Step(
+        q, kv_cache, scales, None, md.query_start_loc, md.seq_lens, md.block_tables, md.num_seqs, SCORING, True
+    )
     geometry = kv_walk.Geometry(2, 4, 64, 16, block_m=16, block_k=16)
     splits = rpa._Splits(8, 4, 2, 16, None)  # 2 segments at most for 3 rows
     *_, out = rpa._decode(step, geometry, splits, TUNING.decode)

@@ -20,6 +20,10 @@ class AttentionBackend(Protocol):
     blocks back inside its kernel, converted to q's dtype and scaled (vjx/kernels/kv_quant.py).
     The scales are the attention layer's float32 scalars (None: 1.0); a cache of the model
     dtype ignores them, as vLLM's does.
+
+    `sinks` (gpt-oss's attention sinks; float32, one per query head, None: none) add a logit
+    with no value to each head's softmax, after soft-capping and masking: head n's output is
+    sum_j exp(s_j) v_j / (exp(sinks[n]) + sum_j exp(s_j)), so a query may attend to nothing.
     """
 
     name: str
@@ -44,6 +48,7 @@ class AttentionBackend(Protocol):
         soft_cap: float | None = None,
         k_scale: Float[Array, ""] | None = None,
         v_scale: Float[Array, ""] | None = None,
+        sinks: Float[Array, " N"] | None = None,
     ) -> tuple[Float[Array, "T N H"], Array]:
         """Returns the attention output and the updated cache."""
         ...

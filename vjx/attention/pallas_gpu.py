@@ -48,6 +48,7 @@ class PallasGpuBackend:
         soft_cap: float | None = None,
         k_scale: Float[Array, ""] | None = None,
         v_scale: Float[Array, ""] | None = None,
+        sinks: Float[Array, " N"] | None = None,
     ) -> tuple[Float[Array, "T N H"], Float[Array, "2 K P S H"]]:
         """Writes k/v at `md.slot_mapping`, then attends every token to its row's keys."""
         scoring = Scoring(sm_scale, sliding_window, soft_cap)
@@ -63,6 +64,7 @@ class PallasGpuBackend:
             md.block_tables,
             md.num_seqs,
             kv_scales(k_scale, v_scale),
+            sinks,
             scoring=scoring,
             tuning=self.tuning,
             interpret=interpret,

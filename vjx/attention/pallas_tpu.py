@@ -4,7 +4,8 @@ ships with JAX (`jax.experimental.pallas.ops.tpu.ragged_paged_attention`).
 Legend: T tokens, N query heads, K kv heads, H head dim, P pages, S page size.
 
 Its cache layout is the kernel's own, `[P, S, 2K, H]` (keys and values of a kv head
-interleaved); `vjx.kernels.tpu_adapter` converts to and from the GPU layout.
+interleaved); `vjx.kernels.tpu_adapter` converts to and from the GPU layout. That kernel has
+no attention sinks, so this backend refuses them.
 """
 
 import dataclasses
@@ -46,8 +47,14 @@ class PallasTpuBackend:
         soft_cap: float | None = None,
         k_scale: Float[Array, ""] | None = None,
         v_scale: Float[Array, ""] | None = None,
+        sinks: Float[Array, " N"] | None = None,
     ) -> tuple[Float[Array, "T N H"], Float[Array, "P S K2 H"]]:
         """Writes k/v at `md.slot_mapping`, then attends every token to its row's keys."""
+        if sinks is not None:
+            raise ValueError(
+                "sinks (attention sinks) must be None on the pallas_tpu backend: JAX's TPU ragged paged "
+                "attention kernel takes none. Use attention_backend='reference' for such a model."
+            )
         scoring = Scoring(sm_scale, sliding_window, soft_cap)
         kv_cache = write_kv_pages(kv_cache, k, v, md.slot_mapping, k_scale, v_scale)
         out = tpu_ragged_paged_attention(

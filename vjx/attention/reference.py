@@ -11,7 +11,9 @@ is read.
 
 Attention walks each token's own block-table row in chunks of C pages with an online
 softmax, so memory stays `T x L x K x H` per chunk instead of `T x max_model_len`, and the
-loop runs only as many chunks as the longest real sequence of the step needs.
+loop runs only as many chunks as the longest real sequence of the step needs. With attention
+sinks the softmax starts from each head's sink (running max = sink, sum = exp(0) = 1) instead
+of from an empty one, which folds the sink into the denominator at no cost per chunk.
 """
 
 import dataclasses
@@ -72,6 +74,7 @@ class ReferenceBackend:
         soft_cap: float | None = None,
         k_scale: Float[Array, ""] | None = None,
         v_scale: Float[Array, ""] | None = None,
+        sinks: Float[Array, " N"] | None = None,
     ) -> tuple[Float[Array, "T N H"], Float[Array, "2 P S K H"]]:
         """Writes k/v at `md.slot_mapping`, then attends every token to its row's keys."""
         if sliding_window is not None and sliding_window < 1:
@@ -80,7 +83,7 @@ class ReferenceBackend:
             raise ValueError(f"soft_cap must be > 0 or None, got {soft_cap}.")
         kv_cache = write_kv(kv_cache, k, v, md.slot_mapping, k_scale, v_scale)
         scoring = _Scoring(sm_scale, sliding_window, soft_cap)
-        out = self._attend(q, kv_cache, md, scoring, kv_scales(k_scale, v_scale))
+        out = self._attend(q, kv_cache, md, scoring, kv_scales(k_scale, v_scale), sinks)
         return out, kv_cache
 
     def _attend(
@@ -90,6 +93,7 @@ class ReferenceBackend:
         md: AttentionMetadata,
         scoring: _Scoring,
         scales: Float[Array, "2"] | None,
+        sinks: Float[Array, " N"] | None,
     ) -> Float[Array, "T N H"]:
         num_tokens, num_heads, head_dim = q.shape
         _, _, block_size, num_kv_heads, _ = kv_cache.shape
@@ -109,16 +113,11 @@ class ReferenceBackend:
             first_key = chunk * pages_per_chunk * block_size
             return _online_softmax_step(carry, q_TKGH, kv_2TLKH, first_key, tokens, scoring)
 
-        stats_shape = q_TKGH.shape[:-1]
-        init = (
-            jnp.full(stats_shape, _MASK_VALUE, jnp.float32),
-            jnp.zeros(stats_shape, jnp.float32),
-            jnp.zeros(q_TKGH.shape, jnp.float32),
-        )
+        init = (*_initial_stats(q_TKGH.shape[:-1], sinks), jnp.zeros(q_TKGH.shape, jnp.float32))
         max_chunks = block_tables.shape[1] // pages_per_chunk
         num_chunks = _num_chunks(md, pages_per_chunk * block_size, max_chunks)
         _, l_TKG, acc_TKGH = jax.lax.fori_loop(0, num_chunks, chunk_step, init)
-        # Tokens that see no key (padding) have l == 0 and get 0, not NaN.
+        # Tokens that see no key (padding) have acc == 0, and l == 0 unless sinks: they get 0, not NaN.
         safe_l = jnp.where(l_TKG > 0, l_TKG, 1.0)[..., None]
         out_TKGH = jnp.where(l_TKG[..., None] > 0, acc_TKGH / safe_l, 0.0)
         return out_TKGH.reshape(q.shape).astype(q.dtype)
@@ -166,6 +165,15 @@ def _num_chunks(md: AttentionMetadata, keys_per_chunk: int, max_chunks: int) -> 
     is_real = jnp.arange(md.seq_lens.shape[0]) < md.num_seqs[0]
     longest = jnp.max(jnp.where(is_real, md.seq_lens, 0))
     return jnp.minimum(-(-longest // keys_per_chunk), max_chunks)
+
+
+def _initial_stats(stats_shape: tuple[int, ...], sinks: Float[Array, " N"] | None) -> tuple[Array, Array]:
+    """The running max m and sum l [T, K, G] of a softmax over no key yet: empty, or holding
+    only the head's sink (m = sink, l = exp(0) = 1)."""
+    if sinks is None:
+        return jnp.full(stats_shape, _MASK_VALUE, jnp.float32), jnp.zeros(stats_shape, jnp.float32)
+    m_TKG = jnp.broadcast_to(sinks.astype(jnp.float32).reshape(stats_shape[1:]), stats_shape)
+    return m_TKG, jnp.ones(stats_shape, jnp.float32)
 
 
 def _online_softmax_step(

@@ -7,8 +7,8 @@ axis, and the KV cache is sharded over KV heads the same way (each backend names
 dimensions in `kv_cache_axes`). With N / K query heads per KV head, the heads of a device
 form whole GQA groups, so attention needs no communication: `shard_map` hands each device its
 q[T, N/tp, H], k/v[T, K/tp, H] and cache shard, and the backend (a Pallas kernel or the jnp
-reference) runs unchanged on them. The step metadata and the fp8 cache's k/v scales are
-replicated.
+reference) runs unchanged on them, with the attention sinks of its query heads (split like
+q's heads). The step metadata and the fp8 cache's k/v scales are replicated.
 """
 
 import dataclasses
@@ -54,26 +54,30 @@ class ShardedBackend:
         soft_cap: float | None = None,
         k_scale: Float[Array, ""] | None = None,
         v_scale: Float[Array, ""] | None = None,
+        sinks: Float[Array, " N"] | None = None,
     ) -> tuple[Float[Array, "T N H"], Array]:
         """The backend's `forward`, one call per device on its heads and cache shard."""
         scoring = dict(sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
 
-        def forward(q, k, v, kv_cache, md, scales):
-            return self.backend.forward(q, k, v, kv_cache, md, **scoring, k_scale=scales[0], v_scale=scales[1])
+        def forward(q, k, v, kv_cache, md, scales, sinks):
+            return self.backend.forward(
+                q, k, v, kv_cache, md, **scoring, k_scale=scales[0], v_scale=scales[1], sinks=sinks
+            )
 
         scales = (k_scale, v_scale)
         mesh = jax.sharding.get_abstract_mesh()
         if mesh.empty or mesh.shape.get("model", 1) == 1:
-            return forward(q, k, v, kv_cache, md, scales)
+            return forward(q, k, v, kv_cache, md, scales, sinks)
         heads = mesh_spec(mesh, ("tokens", "heads", "head_dim"))
         kv_heads = mesh_spec(mesh, ("tokens", "kv_heads", "head_dim"))
         cache = mesh_spec(mesh, self.backend.kv_cache_axes)
+        head_sinks = mesh_spec(mesh, ("heads",))
         # The kernels are per-device programs; they carry no replication annotations to check.
         sharded = jax.shard_map(
             forward,
             mesh=mesh,
-            in_specs=(heads, kv_heads, kv_heads, cache, PartitionSpec(), PartitionSpec()),
+            in_specs=(heads, kv_heads, kv_heads, cache, PartitionSpec(), PartitionSpec(), head_sinks),
             out_specs=(heads, cache),
             check_vma=False,
         )
-        return sharded(q, k, v, kv_cache, md, scales)
+        return sharded(q, k, v, kv_cache, md, scales, sinks)

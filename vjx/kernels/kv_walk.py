@@ -13,6 +13,10 @@ Over an fp8 cache (kv_quant.py) each loaded K/V tile is converted to the query's
 the scales are applied where they cost one multiply per row instead of one per element:
 k_scale scales the tile's scores (q . (k_scale * k) = k_scale * (q . k)) and v_scale the
 walk's output (a sum of p * v_scale * v), both in float32.
+
+With attention sinks a walk starts from its row's sink instead of an empty softmax: running
+max = the sink's base-2 logit, sum = exp2(0) = 1, output 0. That folds the sink, a logit with
+no value, into the denominator without any work per tile.
 """
 
 import dataclasses
@@ -77,6 +81,7 @@ class Walk:
     geometry: Geometry
     scoring: Scoring
     kv_scales: tuple[Array, Array] | None  # (k_scale, v_scale) of an fp8 cache, else None
+    sinks: Array | None  # [M]: base-2 sink logit of each row's query head, or None
 
 
 def load_kv_scales(kv_ref, kv_scales_ref) -> tuple[Array, Array] | None:
@@ -85,6 +90,14 @@ def load_kv_scales(kv_ref, kv_scales_ref) -> tuple[Array, Array] | None:
     if not is_quantized(kv_ref.dtype):
         return None
     return kv_scales_ref[0], kv_scales_ref[1]
+
+
+def load_sinks(sinks_ref, heads: Array, is_head: Array) -> Array | None:
+    """The base-2 sink logits [M] of query heads `heads` (padding rows, not `is_head`, get 0)
+    from the [N] float32 sinks ref; None without sinks."""
+    if sinks_ref is None:
+        return None
+    return plgpu.load(sinks_ref.at[heads], mask=is_head, other=0.0) * _LOG2E
 
 
 def div(a: Array, b) -> Array:
@@ -173,13 +186,14 @@ def _tile_step(tile: Array, carry: tuple, walk: Walk, is_masked: bool) -> tuple:
 
 
 def walk_tiles(walk: Walk, first_tile: Array, num_full: Array, end_tile: Array) -> tuple:
-    """Tiles [first_tile, first_tile + num_full) unmasked, then masked up to end_tile."""
+    """Tiles [first_tile, first_tile + num_full) unmasked, then masked up to end_tile, from
+    the walk's sinks (if any) -> the running max m, sum l and output acc (float32)."""
     g = walk.geometry
-    carry = (
-        jnp.full((g.block_m,), MASK_VALUE, jnp.float32),
-        jnp.zeros((g.block_m,), jnp.float32),
-        jnp.zeros((g.block_m, g.head_dim), jnp.float32),
-    )
+    if walk.sinks is None:
+        m, l = jnp.full((g.block_m,), MASK_VALUE, jnp.float32), jnp.zeros((g.block_m,), jnp.float32)
+    else:
+        m, l = walk.sinks, jnp.ones((g.block_m,), jnp.float32)
+    carry = (m, l, jnp.zeros((g.block_m, g.head_dim), jnp.float32))
     full_end = first_tile + num_full
     step = functools.partial(_tile_step, walk=walk, is_masked=False)
     carry = jax.lax.fori_loop(first_tile, full_end, step, carry)

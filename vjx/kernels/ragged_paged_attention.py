@@ -31,7 +31,9 @@ the causal frontier or before the sliding window are skipped, and tiles wholly i
 without masks. The softmax is online, in float32, in base 2 (log2(e) folded into the scale);
 that walk is kv_walk.py, shared by all three kinds of program. Over an fp8 cache the walk
 reads fp8 tiles and applies the layer's `kv_scales` as it goes (kv_walk.py); no dequantized
-copy of the cache is made.
+copy of the cache is made. Attention sinks start each walk's softmax from its head's sink
+(kv_walk.py); of a split decode row only the first segment does, so the merge counts the sink
+once.
 
 Every real row has at least one query token (the runner schedules no empty row), so
 num_seqs <= T: grids are sized from min(R, T), not R.
@@ -58,6 +60,7 @@ from vjx.kernels.kv_walk import (
     full_mask,
     head_rows,
     load_kv_scales,
+    load_sinks,
     normalize,
     rem,
     walk_tiles,
@@ -105,6 +108,11 @@ def _decode_segment(seq_len: Array, split: Array, num_splits: Array, splits: _Sp
     end = jnp.minimum(start + per_split, seq_len)
     positions = jnp.full((g.block_m,), seq_len - 1, jnp.int32)
     walk = Walk(positions=positions, kv_end=end, **walk_args)
+    if walk.sinks is not None:
+        # Only the first segment holds the row's sink, so the merge counts it once. The others
+        # start from a sink of MASK_VALUE, which weighs exp2(MASK_VALUE - m) = 0 once they see
+        # a key, and nothing in the merge if they see none (their max stays MASK_VALUE).
+        walk = dataclasses.replace(walk, sinks=jnp.where(split == 0, walk.sinks, MASK_VALUE))
     num_full = div(jnp.maximum(end - start, 0), g.block_k)
     if splits.sliding_window is not None:
         num_full = jnp.int32(0)  # the window's first tile needs the mask
@@ -119,6 +127,7 @@ def _decode_kernel(
     q_ref,
     kv_ref,
     kv_scales_ref,
+    sinks_ref,
     acc_ref,
     m_ref,
     l_ref,
@@ -157,6 +166,7 @@ def _decode_kernel(
             geometry=geometry,
             scoring=scoring,
             kv_scales=load_kv_scales(kv_ref, kv_scales_ref),
+            sinks=load_sinks(sinks_ref, heads, is_head),
         )
         walk, first, num_full, end = _decode_segment(seq_len, split, num_splits, splits, walk_args)
         m, l, acc = walk_tiles(walk, first, num_full, end)
@@ -184,6 +194,7 @@ class _Refs:
     q: object  # [T, N, H]
     kv: object  # [2, K, P, S, H]
     kv_scales: object  # [2] float32: k_scale, v_scale
+    sinks: object  # [N] float32, or None
     acc: object  # [C, K, G, H] float32 partials of the decode launch
     m: object  # [C, K, G]
     l: object  # [C, K, G]
@@ -281,17 +292,19 @@ def _prefill_block(qb: _QueryBlock, kv_head: Array, refs: _Refs, g: Geometry, sc
     seq_len = refs.seq_lens[qb.row]
     first_pos = seq_len - (qb.end - qb.start) + (qb.first_token - qb.start)
     last_pos = jnp.minimum(first_pos + g.block_q - 1, seq_len - 1)
+    m_vec = jnp.arange(g.block_m, dtype=jnp.int32)
     walk = Walk(
         kv_ref=refs.kv,
         block_tables_ref=refs.block_tables,
         row=qb.row,
         kv_head=kv_head,
         q=q,
-        positions=first_pos + div(jnp.arange(g.block_m, dtype=jnp.int32), g.group),
+        positions=first_pos + div(m_vec, g.group),
         kv_end=seq_len,
         geometry=g,
         scoring=scoring,
         kv_scales=load_kv_scales(refs.kv, refs.kv_scales),
+        sinks=load_sinks(refs.sinks, kv_head * g.group + rem(m_vec, g.group), m_vec < g.block_q * g.group),
     )
     end_tile = cdiv(last_pos + 1, g.block_k)
     if scoring.sliding_window is None:
@@ -311,6 +324,7 @@ def _merge_prefill_kernel(
     q_ref,
     kv_ref,
     kv_scales_ref,
+    sinks_ref,
     acc_ref,
     m_ref,
     l_ref,
@@ -333,6 +347,7 @@ def _merge_prefill_kernel(
         q_ref,
         kv_ref,
         kv_scales_ref,
+        sinks_ref,
         acc_ref,
         m_ref,
         l_ref,
@@ -372,6 +387,7 @@ class _Step:
     q: Array  # [T, N, H]
     kv_cache: Array  # [2, K, P, S, H]
     kv_scales: Array  # [2] float32
+    sinks: Array | None  # [N] float32, or None
     query_start_loc: Array  # [R + 1]
     seq_lens: Array  # [R]
     block_tables: Array  # [R, W]
@@ -385,8 +401,10 @@ class _Step:
         return min(self.seq_lens.shape[0], self.q.shape[0])
 
     @property
-    def metadata(self) -> tuple[Array, ...]:
-        return self.query_start_loc, self.seq_lens, self.block_tables, self.num_seqs
+    def inputs(self) -> tuple[Array | None, ...]:
+        """The inputs every launch reads: the metadata, q, the cache, its scales and the sinks."""
+        metadata = (self.query_start_loc, self.seq_lens, self.block_tables, self.num_seqs)
+        return (*metadata, self.q, self.kv_cache, self.kv_scales, self.sinks)
 
     def launch(self, kernel, grid, out_shape, tuning: KernelTuning, aliases=None):
         return pl.pallas_call(
@@ -400,7 +418,7 @@ class _Step:
         )
 
 
-def _check_shapes(q: Array, kv_cache: Array) -> None:
+def _check_shapes(q: Array, kv_cache: Array, sinks: Array | None) -> None:
     _, num_heads, head_dim = q.shape
     _, num_kv_heads, num_pages, page_size, cache_head_dim = kv_cache.shape
     if cache_head_dim != head_dim:
@@ -411,6 +429,8 @@ def _check_shapes(q: Array, kv_cache: Array) -> None:
         raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads}).")
     if 2 * num_kv_heads * num_pages * page_size >= 2**31:
         raise ValueError(f"kv_cache has too many pages ({num_pages}) for int32 row indices.")
+    if sinks is not None and sinks.shape != (num_heads,):
+        raise ValueError(f"sinks must have shape ({num_heads},) (one per query head), got {sinks.shape}.")
 
 
 # Jitted so a model's layers share one trace and lowering of the two launches.
@@ -423,20 +443,24 @@ def ragged_paged_attention(
     block_tables: Int[Array, "R W"],
     num_seqs: Int[Array, "1"],
     kv_scales: Float[Array, "2"] | None = None,
+    sinks: Float[Array, " N"] | None = None,
     *,
     scoring: Scoring,
     tuning: AttentionTuning | None = None,
     interpret: bool = False,
 ) -> Float[Array, "T N H"]:
     """Attends every real query token to its row's keys; padding tokens get 0. `kv_scales`
-    ([k_scale, v_scale], float32) apply to an fp8 cache only; None means 1.0."""
-    _check_shapes(q, kv_cache)
+    ([k_scale, v_scale], float32) apply to an fp8 cache only; None means 1.0. `sinks` (one
+    logit per query head, None: none) join each head's softmax denominator."""
+    _check_shapes(q, kv_cache, sinks)
     _, num_heads, head_dim = q.shape
     _, num_kv_heads, _, page_size, _ = kv_cache.shape
     tuning = tuning or default_tuning(head_dim, compute_dtype(q.dtype, kv_cache.dtype))
     if kv_scales is None:
         kv_scales = jnp.asarray(np.ones((2,), np.float32))  # a constant: no device work
-    step = _Step(q, kv_cache, kv_scales, query_start_loc, seq_lens, block_tables, num_seqs, scoring, interpret)
+    if sinks is not None:
+        sinks = sinks.astype(jnp.float32)
+    step = _Step(q, kv_cache, kv_scales, sinks, query_start_loc, seq_lens, block_tables, num_seqs, scoring, interpret)
     group = num_heads // num_kv_heads
     decode = Geometry(
         num_kv_heads,
@@ -476,7 +500,7 @@ def _decode(step: _Step, g: Geometry, splits: _Splits, tuning: KernelTuning) -> 
     )
     kernel = functools.partial(_decode_kernel, geometry=g, scoring=step.scoring, splits=splits)
     launch = step.launch(kernel, (num_programs, g.num_kv_heads), out_shape, tuning)
-    return launch(*step.metadata, step.q, step.kv_cache, step.kv_scales)
+    return launch(*step.inputs)
 
 
 def _merge_prefill(step: _Step, geometries: tuple, splits: _Splits, tuning: KernelTuning, buffers: tuple) -> Array:
@@ -499,11 +523,13 @@ def _merge_prefill(step: _Step, geometries: tuple, splits: _Splits, tuning: Kern
         splits=splits,
         num_blocks=num_blocks,
     )
+    inputs = (*step.inputs, *buffers)
     launch = step.launch(
         kernel,
         (num_blocks + num_merge_rows, prefill.num_kv_heads),
         jax.ShapeDtypeStruct(step.q.shape, step.q.dtype),
         tuning,
-        aliases={10: 0},
+        # The output is written into the last input, the decode launch's (None sinks are no input).
+        aliases={len(jax.tree.leaves(inputs)) - 1: 0},
     )
-    return launch(*step.metadata, step.q, step.kv_cache, step.kv_scales, *buffers)
+    return launch(*inputs)

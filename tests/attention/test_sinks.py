@@ -1,0 +1,169 @@
+"""Attention sinks (gpt-oss): each query head's sink is a logit with no value in its softmax.
+
+Every backend against a float64 numpy softmax whose denominator holds the head's sink, on one
+ragged step: decode rows the Pallas kernel splits into segments (an empty one included) and
+one it does not, a chunked prefill and a prefill. The sinks span logits far below and above
+the rows' own, so some heads barely notice them and others attend mostly to nothing.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.helpers.attention_batches import BatchShape, dense_attention, make_batch, relative_error
+from vjx.attention.pallas_gpu import PallasGpuBackend
+from vjx.attention.pallas_tpu import PallasTpuBackend
+from vjx.attention.reference import ReferenceBackend
+from vjx.attention.sharded import ShardedBackend
+from vjx.config import ParallelConfig
+from vjx.kernels.tuning import AttentionTuning, KernelTuning
+from vjx.sharding.mesh import make_mesh
+
+SHAPE = BatchShape(num_tokens=64, num_rows=5, num_heads=8, num_kv_heads=2, head_dim=32, page_size=8, max_model_len=256)
+# 5 rows, 20 decode programs, 16-key tiles: 4 segments at most. The 71-key row takes 4 of 32
+# keys (the last empty), the 201-key row 4, the 4-key row 1.
+REQUESTS = [(3, 1), (50, 30), (0, 12), (70, 1), (200, 1)]
+SM_SCALE = 0.5
+SINKS = np.linspace(-4.0, 10.0, SHAPE.num_heads, dtype=np.float32)
+BACKENDS = {
+    "reference": ReferenceBackend(keys_per_chunk=32),  # several chunks per row
+    "pallas_gpu": PallasGpuBackend(
+        tuning=AttentionTuning(
+            decode=KernelTuning(block_k=16),
+            prefill=KernelTuning(block_m=32, block_k=16),
+            decode_programs=20,
+            min_tiles_per_split=1,
+        ),
+        interpret=True,
+    ),
+}
+
+
+def softmax_with_sinks(batch, sm_scale: float, sinks: np.ndarray, sliding_window=None, soft_cap=None) -> np.ndarray:
+    """Float64 attention per row: each head's sink joins its softmax as one more logit after the
+    soft cap and the masks, and its weight is dropped; padding tokens stay 0."""
+    s = batch.shape
+    group = s.num_heads // s.num_kv_heads
+    sinks_KG11 = np.asarray(sinks, np.float64).reshape(s.num_kv_heads, group, 1, 1)
+    out = np.zeros(batch.q.shape, np.float64)
+    block_tables = np.asarray(batch.md.block_tables)
+    start = 0
+    for row, (num_cached, num_new) in enumerate(batch.requests):
+        positions = np.arange(num_cached + num_new)
+        pages = block_tables[row, positions // s.page_size]
+        keys, values = batch.kv_cache[:, :, pages, positions % s.page_size].astype(np.float64)
+        q = batch.q[start : start + num_new].astype(np.float64).reshape(num_new, s.num_kv_heads, group, s.head_dim)
+        scores = np.einsum("qkgh,klh->kgql", q, keys) * sm_scale
+        if soft_cap is not None:
+            scores = soft_cap * np.tanh(scores / soft_cap)
+        query_pos = num_cached + np.arange(num_new)[:, None]
+        visible = positions[None, :] <= query_pos
+        if sliding_window is not None:
+            visible &= positions[None, :] > query_pos - sliding_window
+        logits = np.concatenate(
+            [np.where(visible, scores, -np.inf), np.broadcast_to(sinks_KG11, (*scores.shape[:3], 1))], -1
+        )
+        weights = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        weights = weights[..., :-1] / weights.sum(axis=-1, keepdims=True)
+        rows = np.einsum("kgql,klh->qkgh", weights, values)
+        out[start : start + num_new] = rows.reshape(num_new, s.num_heads, s.head_dim)
+        start += num_new
+    return out
+
+
+@functools.partial(jax.jit, static_argnames=("backend", "sliding_window", "soft_cap"))
+def _forward(backend, q, k, v, kv_cache, md, sinks, sliding_window=None, soft_cap=None):
+    return backend.forward(
+        q, k, v, kv_cache, md, sm_scale=SM_SCALE, sliding_window=sliding_window, soft_cap=soft_cap, sinks=sinks
+    )
+
+
+def _in_layout(backend, kv_cache: np.ndarray) -> jax.Array:
+    """The batch's [2, K, P, S, H] cache in the backend's layout. The reference reads whole
+    chunks of pages, so it gets zeros where the Pallas kernel keeps the NaN poison."""
+    if backend.name == "reference":
+        return jnp.transpose(jnp.asarray(np.nan_to_num(kv_cache)), (0, 2, 3, 1, 4))
+    return jnp.asarray(kv_cache)
+
+
+def _run(backend, batch, sinks, sliding_window=None, soft_cap=None) -> np.ndarray:
+    q, k, v = (jnp.asarray(x) for x in (batch.q, batch.k, batch.v))
+    sinks = None if sinks is None else jnp.asarray(sinks)
+    kv_cache = _in_layout(backend, batch.kv_cache)
+    out, _ = _forward(backend, q, k, v, kv_cache, batch.md, sinks, sliding_window, soft_cap)
+    return np.asarray(out)
+
+
+@pytest.fixture(scope="module")
+def batch():
+    return make_batch(REQUESTS, SHAPE, seed=5)
+
+
+@pytest.mark.parametrize(("window", "cap"), [(None, None), (37, 5.0)])
+@pytest.mark.parametrize("name", sorted(BACKENDS))
+def test_matches_softmax_with_sinks(name, window, cap, batch):
+    out = _run(BACKENDS[name], batch, SINKS, window, cap)
+    num_real = batch.real_tokens()
+    expected = softmax_with_sinks(batch, SM_SCALE, SINKS, window, cap)
+    assert relative_error(out[:num_real], expected[:num_real]) < 1e-5
+    assert np.all(out[num_real:] == 0.0), "padding tokens must get 0"
+    without_sinks = dense_attention(batch, SM_SCALE, window, cap)
+    assert relative_error(out[:num_real], without_sinks[:num_real]) > 0.1, "the sinks must bite"
+
+
+@pytest.mark.parametrize("name", sorted(BACKENDS))
+def test_a_sink_that_weighs_nothing_changes_nothing(name, batch):
+    """sinks=None attends as before; a sink of -1e30 (exp underflows to 0 against every key,
+    as in the Pallas kernel's segments after the first) gives the same bits."""
+    backend = BACKENDS[name]
+    out = _run(backend, batch, None)
+    num_real = batch.real_tokens()
+    assert relative_error(out[:num_real], dense_attention(batch, SM_SCALE)[:num_real]) < 1e-5
+    no_weight = np.full(SHAPE.num_heads, -1e30, np.float32)
+    np.testing.assert_array_equal(_run(backend, batch, no_weight), out)
+
+
+def test_sharded_backend_splits_the_sinks_with_the_heads():
+    """Tensor parallelism 8: each device attends with the sinks of its own two query heads."""
+    shape = BatchShape(64, 5, num_heads=16, num_kv_heads=8, head_dim=32, page_size=8, max_model_len=256)
+    batch = make_batch(REQUESTS, shape, seed=6)
+    sinks = np.linspace(-4.0, 10.0, shape.num_heads, dtype=np.float32)
+    backend = BACKENDS["reference"]
+    expected = _run(backend, batch, sinks, 37, 5.0)
+    with jax.set_mesh(make_mesh(ParallelConfig(tensor_parallel_size=8))):
+        out = _run(ShardedBackend(backend), batch, sinks, 37, 5.0)
+    np.testing.assert_allclose(out, expected, rtol=0, atol=1e-6)
+    num_real = batch.real_tokens()
+    assert relative_error(out[:num_real], softmax_with_sinks(batch, SM_SCALE, sinks, 37, 5.0)[:num_real]) < 1e-5
+
+
+def test_tpu_backend_refuses_sinks(batch):
+    backend = PallasTpuBackend(use_reference=True)
+    q, k, v = (jnp.asarray(x) for x in (batch.q, batch.k, batch.v))
+    kv_pages = jnp.zeros(backend.kv_cache_shape(8, SHAPE.page_size, SHAPE.num_kv_heads, SHAPE.head_dim))
+    with pytest.raises(ValueError, match="sinks"):
+        backend.forward(q, k, v, kv_pages, batch.md, sm_scale=SM_SCALE, sinks=jnp.asarray(SINKS))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("window", "cap"), [(None, None), (1000, 30.0)])
+def test_compiled_kernels_apply_sinks_on_the_gpu(window, cap):
+    """The Triton-compiled kernels at real sizes and the shipped knobs (decode rows of
+    thousands of keys split into many segments, prefill rows over many query blocks)."""
+    shape = BatchShape(1280, 8, 32, 8, 128, 16, 4608)
+    batch = make_batch([(4000, 1), (2500, 1), (4400, 1), (1000, 300), (0, 700), (33, 200)], shape, jnp.bfloat16)
+    sinks = np.linspace(-2.0, 12.0, shape.num_heads, dtype=np.float32)
+    q, k, v, kv_cache = batch.device_arrays()
+    out, _ = PallasGpuBackend().forward(
+        q, k, v, kv_cache, batch.md, sm_scale=128**-0.5, sliding_window=window, soft_cap=cap, sinks=jnp.asarray(sinks)
+    )
+    out = np.asarray(out, np.float32)
+    num_real = batch.real_tokens()
+    expected = softmax_with_sinks(batch, 128**-0.5, sinks, window, cap)
+    assert relative_error(out[:num_real], expected[:num_real]) < 2e-2
+    assert np.all(out[num_real:] == 0.0)
+    without_sinks = dense_attention(batch, 128**-0.5, window, cap)
+    assert relative_error(out[:num_real], without_sinks[:num_real]) > 0.1, "the sinks must bite"
