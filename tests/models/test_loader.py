@@ -199,8 +199,9 @@ def run_one_token(model) -> jax.Array:
 def test_rules_table_maps_tp_axes_to_model_and_rejects_unknown_names():
     assert logical_to_mesh_axes(("vocab", "embed")) == PartitionSpec("model", None)
     assert logical_to_mesh_axes(("embed", "mlp")) == PartitionSpec(None, "model")
-    with pytest.raises(ValueError, match="experts"):
-        logical_to_mesh_axes(("experts",))
+    assert logical_to_mesh_axes(("experts", "embed", None)) == PartitionSpec("model", None, None)
+    with pytest.raises(ValueError, match="stages"):
+        logical_to_mesh_axes(("stages",))
 
 
 def test_fused_part_of_the_wrong_shape_is_named(tmp_path):

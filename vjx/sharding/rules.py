@@ -3,7 +3,9 @@
 Model code names what each array dimension means (`heads`, `mlp`, ...); only this table says
 how those dimensions are spread over the device mesh. Tensor parallelism shards attention
 heads, KV heads, MLP width and the vocabulary over the `model` axis (Megatron-style: column
-parallel in, row parallel out); everything else is replicated. XLA inserts the collectives
+parallel in, row parallel out); everything else is replicated. The `experts` dimension of a
+MoE layer's stacked weights is on `model` too: with expert parallelism whole experts sit on
+each device; without it the experts' weights carry no `experts` name and split on `mlp`. XLA inserts the collectives
 the layouts imply: an all-reduce after each row-parallel projection and after the
 vocab-parallel embedding lookup, an all-gather of the logits rows before sampling.
 """
