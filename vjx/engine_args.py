@@ -170,9 +170,10 @@ class EngineArgs(VllmCompatArgs):
     load_format: str = _field("auto", f"How to read weights: one of {_LOAD_FORMATS}.")
     quantization: str | None = _field(
         None,
-        "How linear weights are quantized: a quantized checkpoint's method (fp8, compressed-tensors, "
-        "awq, gptq: read from its config when None), or on an unquantized one 'fp8' / 'ptpc_fp8' "
-        "(float8_e4m3fn at load, a scale per tensor / per output channel, activations per token).",
+        "How weights are quantized: a quantized checkpoint's method (fp8, compressed-tensors, awq, "
+        "gptq, mxfp4 experts: read from its config when None), or on an unquantized one 'fp8' / "
+        "'ptpc_fp8' (float8_e4m3fn at load, a scale per tensor / per output channel, activations "
+        "per token; MoE experts FP8 with the activations in the model dtype).",
     )
     kv_cache_dtype: str = _field(
         "auto",

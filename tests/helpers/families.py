@@ -58,6 +58,19 @@ def _longrope() -> dict:
     }
 
 
+def _gpt_oss_yarn() -> dict:
+    """gpt-oss's YaRN (no truncation), over an original context the long prompts exceed."""
+    return {
+        "rope_type": "yarn",
+        "rope_theta": 150000.0,
+        "factor": 8.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,
+        "original_max_position_embeddings": 64,
+    }
+
+
 FAMILIES = {
     "qwen2": lambda: transformers.Qwen2Config(
         **COMMON,
@@ -126,6 +139,15 @@ FAMILIES = {
         decoder_sparse_step=2,
         norm_topk_prob=True,
     ),
+    "gpt_oss": lambda: transformers.GptOssConfig(
+        **COMMON,
+        num_hidden_layers=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters=_gpt_oss_yarn(),
+    ),
 }
 """Family name -> a function building its config (the architecture is set by `family_config`)."""
 
@@ -141,6 +163,7 @@ ARCHITECTURES = {
     "mixtral": "MixtralForCausalLM",
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
 }
 
 MIN_PROMPT_LEN = {"phi3_longrope": 65}

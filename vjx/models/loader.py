@@ -31,6 +31,7 @@ from jax.sharding import Mesh, Sharding, SingleDeviceSharding
 
 from vjx.attention.backend import AttentionBackend
 from vjx.config import ModelConfig
+from vjx.models.layers.fused_moe import FusedMoE
 from vjx.models.layers.linear import INIT_STDDEV, Linear
 from vjx.models.layers.param import HFParamLayer, logical_axes_of
 from vjx.models.registry import get_model_class
@@ -144,13 +145,14 @@ def get_model(
     return model
 
 
-def _set_quant_methods(model: nnx.Module, quant_config: QuantizationConfig) -> list[Linear]:
-    """Hands each linear layer the method `quant_config` picks for its module path, which
-    declares the params the layer loads; returns the layers it quantizes."""
+def _set_quant_methods(model: nnx.Module, quant_config: QuantizationConfig) -> list[Linear | FusedMoE]:
+    """Hands each linear layer and MoE layer the method `quant_config` picks for its module
+    path, which declares the params the layer loads; returns the layers it quantizes."""
     quantized = []
     for path, layer in nnx.iter_graph(model):
-        if isinstance(layer, Linear):
-            method = quant_config.get_quant_method(layer, ".".join(map(str, path)))
+        if isinstance(layer, (Linear, FusedMoE)):
+            get_method = quant_config.get_moe_method if isinstance(layer, FusedMoE) else quant_config.get_quant_method
+            method = get_method(layer, ".".join(map(str, path)))
             if method is not None:
                 layer.quant_method = method
                 method.create_weights(layer)

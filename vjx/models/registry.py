@@ -6,6 +6,7 @@ from flax import nnx
 
 from vjx.models.gemma2 import Gemma2ForCausalLM
 from vjx.models.gemma3 import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
+from vjx.models.gpt_oss import GptOssForCausalLM
 from vjx.models.granite import GraniteForCausalLM
 from vjx.models.llama import LlamaForCausalLM
 from vjx.models.mixtral import MixtralForCausalLM
@@ -31,6 +32,7 @@ _MODELS: dict[str, type[nnx.Module]] = {
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
+    "GptOssForCausalLM": GptOssForCausalLM,
 }
 
 

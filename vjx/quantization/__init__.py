@@ -5,9 +5,11 @@ from vjx.quantization.base import LinearMethod, QuantizationConfig, UnquantizedL
 from vjx.quantization.compressed_tensors import CompressedTensorsConfig
 from vjx.quantization.fp8 import Fp8Config, PtpcFp8Config
 from vjx.quantization.gptq import GPTQConfig
+from vjx.quantization.mxfp4 import Mxfp4Config
 
 QUANTIZATION_METHODS: dict[str, type[QuantizationConfig]] = {
-    cls.get_name(): cls for cls in (Fp8Config, PtpcFp8Config, CompressedTensorsConfig, AWQConfig, GPTQConfig)
+    cls.get_name(): cls
+    for cls in (Fp8Config, PtpcFp8Config, CompressedTensorsConfig, AWQConfig, GPTQConfig, Mxfp4Config)
 }
 """`quantization=` value (or a checkpoint's `quant_method`) -> its config class."""
 ONLINE_METHODS = ("fp8", "ptpc_fp8")
@@ -47,4 +49,4 @@ def get_quantization_config(quantization: str | None, hf_config) -> Quantization
     return QUANTIZATION_METHODS[quantization]()
 
 
-_CHECKPOINT_METHODS = ("fp8", "compressed-tensors", "awq", "gptq")
+_CHECKPOINT_METHODS = ("fp8", "compressed-tensors", "awq", "gptq", "mxfp4")

@@ -85,6 +85,39 @@ class QuantizationConfig(abc.ABC):
         """The method of the linear layer at checkpoint prefix `prefix` (e.g.
         "model.layers.0.self_attn.qkv_proj"), or None to keep it unquantized."""
 
+    def get_moe_method(self, layer: nnx.Module, prefix: str) -> "FusedMoEMethod | None":
+        """The method of the MoE experts at `prefix` (e.g. "model.layers.0.mlp.experts"), or
+        None to keep them unquantized; a scheme that has none refuses MoE models."""
+        raise ValueError(f"quantization {self.get_name()!r} has no method for MoE experts in vjx ({prefix}).")
+
+
+class FusedMoEMethod:
+    """How a `FusedMoE` layer's expert weights are loaded and stored (vLLM's
+    `FusedMoEMethodBase`); this base is the unquantized method. Methods are frozen
+    dataclasses, like `LinearMethod`s.
+
+    `hf_tensors` may rename the layer's checkpoint tensors (`layer.checkpoint_tensors`) and
+    `to_param_layout` turn what it loads into the unquantized tensors before the layer lays
+    them out (`layer.checkpoint_layout`); `process_weights_after_loading` may then store the
+    weights otherwise, with the scales `fused_experts` applies (`w13_scale`, `w2_scale`)."""
+
+    def create_weights(self, layer: nnx.Module) -> None:
+        return None
+
+    def hf_tensors(self, layer: nnx.Module, tensors: dict) -> dict:
+        return tensors
+
+    def to_param_layout(self, layer: nnx.Module, attr: str, tensors: Sequence[np.ndarray]) -> np.ndarray:
+        return layer.checkpoint_layout(attr, tensors)
+
+    def process_weights_after_loading(self, layer: nnx.Module, sharding_of) -> None:
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class UnquantizedFusedMoEMethod(FusedMoEMethod):
+    """The experts' weights in the model's dtype."""
+
 
 def add_bias(layer: nnx.Module, y: Float[Array, "..."]) -> Float[Array, "..."]:
     return y if layer.bias is None else y + layer.bias[...]

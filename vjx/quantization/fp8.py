@@ -7,6 +7,11 @@ uses one dynamic scale per batch instead, which makes a request's output depend 
 neighbours). A checkpoint whose `quantization_config` says `quant_method: "fp8"` is already
 FP8: per tensor with dynamic or static activation scales, or block-wise (`weight_block_size`,
 scales `weight_scale_inv` per 128x128 block, as DeepSeek and Qwen FP8 checkpoints ship).
+
+MoE experts quantized at load store FP8 weights with a scale per expert and output channel
+("ptpc_fp8") or per expert and projection ("fp8", as vLLM's per-expert scales); the grouped
+GEMMs take the activations in the model dtype (W8A16, as vLLM runs FP8 experts on GPUs
+without FP8 tensor cores). FP8 MoE checkpoints are not loaded yet and are refused.
 """
 
 import dataclasses
@@ -21,6 +26,7 @@ from jaxtyping import Array, Float
 
 from vjx.models.layers.param import logical_axes_of, logical_param
 from vjx.quantization.base import (
+    FusedMoEMethod,
     LinearMethod,
     QuantizationConfig,
     abstract_param,
@@ -81,6 +87,14 @@ class Fp8Config(QuantizationConfig):
             return BlockFp8LinearMethod(self.weight_block_size, "weight_scale_inv")
         return W8A8LinearMethod("float8_e4m3fn", static_input_scale=self.activation_scheme == "static")
 
+    def get_moe_method(self, layer: nnx.Module, prefix: str) -> FusedMoEMethod | None:
+        if self.is_checkpoint_fp8_serialized:
+            raise ValueError(
+                f"FP8 checkpoints of MoE models are not loaded by vjx yet ({prefix}); load the bf16 "
+                "checkpoint with quantization='fp8' to store the experts in FP8."
+            )
+        return Fp8OnlineMoEMethod(self.per_channel)
+
 
 class PtpcFp8Config(Fp8Config):
     """vLLM's `ptpc_fp8`: FP8 at load with a scale per output channel and per token."""
@@ -113,6 +127,41 @@ class Fp8OnlineLinearMethod(LinearMethod):
 
     def apply(self, layer: nnx.Module, x: Float[Array, "..."]) -> Float[Array, "..."]:
         return w8a8_matmul(layer, x, FP8_DTYPE)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8OnlineMoEMethod(FusedMoEMethod):
+    """Loads the experts in the model dtype, then stores w13 and w2 as float8_e4m3fn with
+    float32 scales w13_scale [E, 2, F] and w2_scale [E, D]: one per output channel
+    (`per_channel`), else one per expert and projection repeated over its channels."""
+
+    per_channel: bool
+
+    def process_weights_after_loading(self, layer: nnx.Module, sharding_of) -> None:
+        for attr, scale_axes in (("w13", (0, 2, 3)), ("w2", (0, 2))):
+            param = getattr(layer, attr)
+            axes = logical_axes_of(param)
+            scale_logical = tuple(axes[i] for i in scale_axes)
+            quantize_fn = _quantize_experts_fn(self.per_channel, sharding_of(axes), sharding_of(scale_logical))
+            weight, scale = quantize_fn(param[...])
+            setattr(layer, attr, logical_param(weight, axes))
+            setattr(layer, f"{attr}_scale", logical_param(scale, scale_logical))
+
+
+@functools.cache
+def _quantize_experts_fn(per_channel: bool, weight_sharding, scale_sharding):
+    """Expert weights [E, in, *out] -> (FP8 values, float32 scales [E, *out]), on the devices."""
+
+    def quantize_experts(weight):
+        w = weight.astype(jnp.float32)
+        absmax = jnp.max(jnp.abs(w), axis=1)
+        if not per_channel:
+            per_expert = jnp.max(absmax, axis=tuple(range(absmax.ndim))[-1:], keepdims=True)
+            absmax = jnp.broadcast_to(per_expert, absmax.shape)
+        scale = jnp.maximum(absmax, MIN_SCALE) / quant_max(FP8_DTYPE)
+        return quantize(w, scale[:, None], FP8_DTYPE), scale
+
+    return jax.jit(quantize_experts, out_shardings=(weight_sharding, scale_sharding))
 
 
 @functools.cache

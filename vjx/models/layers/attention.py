@@ -4,8 +4,8 @@ attention, output projection.
 Legend: T tokens, D hidden, N query heads, K kv heads, H head dim.
 
 Families differ in a few places, each a field or a hook here rather than a branch: biases,
-the softmax scale, a sliding window, tanh soft-capping of the scores (fields of
-`AttentionArgs`), q/k normalization before RoPE (`normalize_qk`, overridden by the families
+the softmax scale, a sliding window, tanh soft-capping of the scores, attention sinks (fields
+of `AttentionArgs`), q/k normalization before RoPE (`normalize_qk`, overridden by the families
 that have it), and whether the checkpoint already fuses q/k/v (`QKV_LINEAR`).
 """
 
@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jaxtyping import Array, Float, Int
@@ -21,7 +22,7 @@ from vjx.attention.metadata import AttentionMetadata
 from vjx.kv_cache_interface import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
 from vjx.models.layers.linear import Linear, QKVLinear
 from vjx.models.layers.norm import RMSNorm
-from vjx.models.layers.param import HFParamLayer
+from vjx.models.layers.param import HFParamLayer, logical_param
 from vjx.models.layers.rotary import RotaryEmbedding
 
 
@@ -43,6 +44,8 @@ class AttentionArgs:
     """Scores become soft_cap * tanh(score / soft_cap); None: no capping."""
     rms_norm_eps: float = 1e-6
     """Epsilon of the q/k norms, in the families that have them."""
+    sinks: bool = False
+    """A learned sink logit per query head joins the softmax (gpt-oss's `self_attn.sinks`)."""
 
 
 def layer_sliding_window(hf_config: Any, layer_idx: int) -> int | None:
@@ -62,7 +65,8 @@ class Attention(nnx.Module, HFParamLayer):
     and v / v_scale), float32 scalars that calibrated checkpoints carry as `self_attn.k_scale`
     (or, as ModelOpt and older llm-compressor write them, `self_attn.k_proj.k_scale` and
     `self_attn.k_proj.output_scale`) and others lack: None then, which means 1.0. A cache of
-    any other dtype ignores them, as in vLLM."""
+    any other dtype ignores them, as in vLLM. With `AttentionArgs.sinks` it also holds the
+    heads' sink logits [N]."""
 
     QKV_LINEAR: ClassVar[type[QKVLinear]] = QKVLinear
     HF_NAMES = {
@@ -72,8 +76,9 @@ class Attention(nnx.Module, HFParamLayer):
         "v_proj.v_scale": "v_scale",
         "k_proj.output_scale": "k_scale",
         "v_proj.output_scale": "v_scale",
+        "sinks": "sinks",
     }
-    OPTIONAL_HF_NAMES = frozenset(HF_NAMES)
+    OPTIONAL_HF_NAMES = frozenset(HF_NAMES) - {"sinks"}
 
     def __init__(self, args: AttentionArgs, rotary: RotaryEmbedding, *, dtype, backend, rngs):
         D, N, K, H = args.hidden_size, args.num_heads, args.num_kv_heads, args.head_dim
@@ -89,6 +94,7 @@ class Attention(nnx.Module, HFParamLayer):
         self.soft_cap = args.soft_cap
         self.k_scale = nnx.Param(None, out_sharding=(), eager_sharding=False)
         self.v_scale = nnx.Param(None, out_sharding=(), eager_sharding=False)
+        self.sinks = logical_param(jnp.zeros((N,), dtype), ("heads",)) if args.sinks else None
 
     def __call__(
         self,
@@ -112,11 +118,14 @@ class Attention(nnx.Module, HFParamLayer):
             soft_cap=self.soft_cap,
             k_scale=self.k_scale.get_value(),
             v_scale=self.v_scale.get_value(),
+            sinks=None if self.sinks is None else self.sinks[...],
         )
         return self.o_proj(out_TNH), kv_cache
 
     def to_param_layout(self, attr: str, tensors: Sequence[np.ndarray]) -> np.ndarray:
         """A KV cache scale as a float32 scalar (checkpoints store it as [] or [1])."""
+        if attr == "sinks":
+            return super().to_param_layout(attr, tensors)
         (tensor,) = tensors
         if tensor.size != 1:
             raise ValueError(f"{attr} must be one value, got shape {tensor.shape}.")

@@ -32,6 +32,7 @@ from jaxtyping import Array, Float, Int
 from vjx.models.layers.activation import GATED_ACTIVATIONS, check_gated_activation
 from vjx.models.layers.linear import INIT_STDDEV
 from vjx.models.layers.param import HFParamLayer, HFTensor, logical_axes_of, logical_param
+from vjx.quantization.base import FusedMoEMethod, UnquantizedFusedMoEMethod
 from vjx.sharding.constraints import mesh_spec
 
 
@@ -89,10 +90,14 @@ class FusedMoE(nnx.Module, HFParamLayer):
 
     The checkpoint stores each expert as its own modules beside this one's path
     (`experts.{e}.{gate}`, `.{up}`, `.{down}`, torch layout [out, in]); `EXPERT_PARTS` names
-    them, and a family whose checkpoint stores the experts otherwise overrides `hf_tensors`
-    and `to_param_layout`."""
+    them, and a family whose checkpoint stores the experts otherwise overrides
+    `checkpoint_tensors` and `checkpoint_layout`. The quantization method (vLLM's
+    `FusedMoEMethodBase`; unquantized by default) may rename those tensors, store the
+    weights otherwise (w13_scale [E, 2, F] and w2_scale [E, D] with FP8 weights) and turn
+    the tensors it loads into the unquantized layout first."""
 
     EXPERT_PARTS: Sequence[str] = ("gate_proj", "up_proj", "down_proj")
+    quant_method: FusedMoEMethod = UnquantizedFusedMoEMethod()
 
     def __init__(self, args: MoEArgs, *, expert_parts: Sequence[str] | None = None, dtype, rngs):
         E, D, F = args.num_experts, args.hidden_size, args.intermediate_size
@@ -116,6 +121,13 @@ class FusedMoE(nnx.Module, HFParamLayer):
         self.expert_parallel = args.expert_parallel
 
     def hf_tensors(self, path: Sequence[str]) -> dict[str, HFTensor]:
+        return self.quant_method.hf_tensors(self, self.checkpoint_tensors(path))
+
+    def to_param_layout(self, attr: str, tensors: Sequence[np.ndarray]) -> np.ndarray:
+        return self.quant_method.to_param_layout(self, attr, tensors)
+
+    def checkpoint_tensors(self, path: Sequence[str]) -> dict[str, HFTensor]:
+        """The unquantized checkpoint's expert tensors, by full name."""
         gate, up, down = self.EXPERT_PARTS
         prefix = ".".join(path)
         num_experts = self.w13.shape[0]
@@ -126,7 +138,7 @@ class FusedMoE(nnx.Module, HFParamLayer):
             tensors[f"{prefix}.{e}.{down}.weight"] = HFTensor("w2", e, num_experts)
         return tensors
 
-    def to_param_layout(self, attr: str, tensors: Sequence[np.ndarray]) -> np.ndarray:
+    def checkpoint_layout(self, attr: str, tensors: Sequence[np.ndarray]) -> np.ndarray:
         """Per-expert torch weights [out, in] -> w13 [E, D, 2, F] or w2 [E, F, D]."""
         stacked = np.stack(tensors)
         if attr == "w13":
@@ -136,7 +148,7 @@ class FusedMoE(nnx.Module, HFParamLayer):
 
     def __call__(self, x: Float[Array, "T D"], router_logits: Float[Array, "T E"]) -> Float[Array, "T D"]:
         weights_TK, ids_TK = select_experts(router_logits, self.top_k, renormalize=self.renormalize)
-        params = [self.w13, self.w2] + ([self.w13_bias] if self.w13_bias is not None else [])
+        params = {name: getattr(self, name) for name in _GEMM_PARAMS if getattr(self, name, None) is not None}
         out_TD = _sharded_experts(
             x, weights_TK, ids_TK, params, activation=self.activation, expert_parallel=self.expert_parallel
         )
@@ -147,28 +159,33 @@ class FusedMoE(nnx.Module, HFParamLayer):
         return out_TD
 
 
-def _sharded_experts(x_TD, weights_TK, ids_TK, params: list[nnx.Param], *, activation: str, expert_parallel: bool):
+_GEMM_PARAMS = ("w13", "w2", "w13_bias", "w13_scale", "w2_scale")
+"""The params `fused_experts` takes, by its argument names."""
+
+
+def _sharded_experts(x_TD, weights_TK, ids_TK, params: dict[str, nnx.Param], *, activation: str, expert_parallel: bool):
     """`fused_experts` on the trace's mesh: per device on its shard of the weights, then an
     all-reduce; directly without a mesh or with one `model` device."""
-    values = [param[...] for param in params]
+    values = {name: param[...] for name, param in params.items()}
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.shape.get("model", 1) == 1:
-        return fused_experts(x_TD, weights_TK, ids_TK, *values, activation=activation)
+        return fused_experts(x_TD, weights_TK, ids_TK, **values, activation=activation)
 
-    def per_device(x_TD, weights_TK, ids_TK, *values):
-        first_expert = jax.lax.axis_index("model") * values[0].shape[0] if expert_parallel else 0
-        out_TD = fused_experts(x_TD, weights_TK, ids_TK, *values, activation=activation, first_expert=first_expert)
+    def per_device(x_TD, weights_TK, ids_TK, values):
+        first_expert = jax.lax.axis_index("model") * values["w13"].shape[0] if expert_parallel else 0
+        out_TD = fused_experts(x_TD, weights_TK, ids_TK, **values, activation=activation, first_expert=first_expert)
         return jax.lax.psum(out_TD, "model")
 
     replicated = PartitionSpec()
+    specs = {name: mesh_spec(mesh, logical_axes_of(param)) for name, param in params.items()}
     sharded = jax.shard_map(
         per_device,
         mesh=mesh,
-        in_specs=(replicated, replicated, replicated, *(mesh_spec(mesh, logical_axes_of(p)) for p in params)),
+        in_specs=(replicated, replicated, replicated, specs),
         out_specs=replicated,
         check_vma=False,
     )
-    return sharded(x_TD, weights_TK, ids_TK, *values)
+    return sharded(x_TD, weights_TK, ids_TK, values)
 
 
 def fused_experts(
@@ -178,12 +195,17 @@ def fused_experts(
     w13: Float[Array, "E D 2 F"],
     w2: Float[Array, "E F D"],
     w13_bias: Float[Array, "E 2 F"] | None = None,
+    w13_scale: Float[Array, "E 2 F"] | None = None,
+    w2_scale: Float[Array, "E D"] | None = None,
     *,
     activation: str,
     first_expert: int | Array = 0,
 ) -> Float[Array, "T D"]:
     """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) over the experts this call holds,
-    `first_expert` .. `first_expert` + E - 1 (the others contribute zero); no down bias."""
+    `first_expert` .. `first_expert` + E - 1 (the others contribute zero); no down bias.
+
+    Weights of another dtype than x (FP8) are converted to x's for the GEMM; their scales,
+    one per expert and output channel, multiply the GEMM's output rows."""
     num_tokens, top_k = ids_TK.shape
     num_experts, hidden, _, width = w13.shape
     local_M = ids_TK.reshape(-1) - first_expert
@@ -192,14 +214,19 @@ def fused_experts(
     group_M = jnp.where(is_local_M, local_M, num_experts)
     order_M = jnp.argsort(group_M, stable=True)
     group_sizes = jnp.bincount(group_M, length=num_experts + 1)[:num_experts].astype(jnp.int32)
+    # Each sorted pair's expert (the other devices' pairs borrow the last local one's rows).
+    sorted_group_M = jnp.minimum(jnp.take(group_M, order_M), num_experts - 1)
     x_MD = jnp.take(x_TD, order_M // top_k, axis=0)
-    gate_up_M2F = jax.lax.ragged_dot(x_MD, w13.reshape(num_experts, hidden, 2 * width), group_sizes)
-    gate_up_M2F = gate_up_M2F.reshape(-1, 2, width)
+    w13_ED2F = w13.reshape(num_experts, hidden, 2 * width).astype(x_TD.dtype)
+    gate_up_M2F = jax.lax.ragged_dot(x_MD, w13_ED2F, group_sizes).reshape(-1, 2, width)
+    if w13_scale is not None:
+        gate_up_M2F = gate_up_M2F * jnp.take(w13_scale, sorted_group_M, axis=0).astype(x_TD.dtype)
     if w13_bias is not None:
-        sorted_group_M = jnp.minimum(jnp.take(group_M, order_M), num_experts - 1)
         gate_up_M2F = gate_up_M2F + jnp.take(w13_bias, sorted_group_M, axis=0)
     h_MF = GATED_ACTIVATIONS[activation](gate_up_M2F[:, 0], gate_up_M2F[:, 1])
-    y_MD = jax.lax.ragged_dot(h_MF.astype(x_TD.dtype), w2, group_sizes)
+    y_MD = jax.lax.ragged_dot(h_MF.astype(x_TD.dtype), w2.astype(x_TD.dtype), group_sizes)
+    if w2_scale is not None:
+        y_MD = y_MD * jnp.take(w2_scale, sorted_group_M, axis=0).astype(x_TD.dtype)
     # Back to (token, k) order: the inverse permutation is a gather, not a scatter-add.
     y_TKD = jnp.take(y_MD, jnp.argsort(order_M), axis=0).reshape(num_tokens, top_k, -1)
     weights_TK = jnp.where(is_local_M.reshape(num_tokens, top_k), weights_TK, 0.0).astype(x_TD.dtype)
