@@ -10,6 +10,10 @@
 #                           default 256, one static batch of 256, dynamic cache): HF's generate
 #                           is too slow for 1000 in the budget
 #   vjx_sharegpt_synthetic  vjx, ShareGPT-synthetic, 200 prompts (vLLM publishes 22.6 req/s on H200)
+#   moe_layers              one MoE layer's experts (benchmarks/moe.py) at the Qwen3-30B-A3B,
+#                           gpt-oss-20b and Mixtral-8x7B shapes: grouped GEMM vs loop vs dense
+#   vjx_qwen3_moe_throughput  Qwen3-30B-A3B (dummy bf16 weights, 61 GB), 256 requests 512 / 256
+#   vjx_mixtral_throughput  Mixtral-8x7B (dummy bf16 weights, 93 GB: an H200), the same workload
 #   plot                    PNG plots of every result
 # Each step prints its table when done. Every step runs under `timeout`, the whole suite under
 # SUITE_BUDGET_S: a step that would start with too little time left is skipped (a latency JSON
@@ -103,6 +107,16 @@ step vjx_sharegpt_synthetic 100 python3 -m benchmarks.throughput "${ENGINE[@]}" 
 if [[ -f "$WORK/vjx_sharegpt_synthetic.json" ]]; then
   echo "reference: vLLM on H200, ShareGPT, 200 prompts: 22.6 req/s (published)" | tee -a "$SUMMARY"
 fi
+
+step moe_layers 150 bash -c 'for m in qwen3-30b-a3b gpt-oss-20b mixtral-8x7b; do
+  python3 -m benchmarks.moe --model "benchmarks/configs/$m" --num-tokens 1 16 256 2048 \
+    --output-json "$0/moe_$m.json" || exit 1; done' "$WORK"
+for moe_model in qwen3_moe:qwen3-30b-a3b mixtral:mixtral-8x7b; do
+  step "vjx_${moe_model%%:*}_throughput" 240 python3 -m benchmarks.throughput \
+    --model "benchmarks/configs/${moe_model#*:}" --tokenizer "$TOKENIZER" --load-format dummy --dtype bfloat16 \
+    --max-model-len 2048 --num-prompts 256 --input-len 512 --output-len 256 \
+    --output-json "$WORK/vjx_${moe_model%%:*}_throughput.json"
+done
 
 PLOT_RESERVE_S=0 step plot 30 python3 -m benchmarks.plot "$WORK" --output-dir "$WORK"
 cp "$WORK"/*.png "$OUT"/ 2>/dev/null
