@@ -42,38 +42,6 @@ BACKENDS = {
 }
 
 
-def softmax_with_sinks(batch, sm_scale: float, sinks: np.ndarray, sliding_window=None, soft_cap=None) -> np.ndarray:
-    """Float64 attention per row: each head's sink joins its softmax as one more logit after the
-    soft cap and the masks, and its weight is dropped; padding tokens stay 0."""
-    s = batch.shape
-    group = s.num_heads // s.num_kv_heads
-    sinks_KG11 = np.asarray(sinks, np.float64).reshape(s.num_kv_heads, group, 1, 1)
-    out = np.zeros(batch.q.shape, np.float64)
-    block_tables = np.asarray(batch.md.block_tables)
-    start = 0
-    for row, (num_cached, num_new) in enumerate(batch.requests):
-        positions = np.arange(num_cached + num_new)
-        pages = block_tables[row, positions // s.page_size]
-        keys, values = batch.kv_cache[:, :, pages, positions % s.page_size].astype(np.float64)
-        q = batch.q[start : start + num_new].astype(np.float64).reshape(num_new, s.num_kv_heads, group, s.head_dim)
-        scores = np.einsum("qkgh,klh->kgql", q, keys) * sm_scale
-        if soft_cap is not None:
-            scores = soft_cap * np.tanh(scores / soft_cap)
-        query_pos = num_cached + np.arange(num_new)[:, None]
-        visible = positions[None, :] <= query_pos
-        if sliding_window is not None:
-            visible &= positions[None, :] > query_pos - sliding_window
-        logits = np.concatenate(
-            [np.where(visible, scores, -np.inf), np.broadcast_to(sinks_KG11, (*scores.shape[:3], 1))], -1
-        )
-        weights = np.exp(logits - logits.max(axis=-1, keepdims=True))
-        weights = weights[..., :-1] / weights.sum(axis=-1, keepdims=True)
-        rows = np.einsum("kgql,klh->qkgh", weights, values)
-        out[start : start + num_new] = rows.reshape(num_new, s.num_heads, s.head_dim)
-        start += num_new
-    return out
-
-
 @functools.partial(jax.jit, static_argnames=("backend", "sliding_window", "soft_cap"))
 def _forward(backend, q, k, v, kv_cache, md, sinks, sliding_window=None, soft_cap=None):
     return backend.forward(
@@ -104,10 +72,10 @@ def batch():
 
 @pytest.mark.parametrize(("window", "cap"), [(None, None), (37, 5.0)])
 @pytest.mark.parametrize("name", sorted(BACKENDS))
-def test_matches_softmax_with_sinks(name, window, cap, batch):
+def test_matches_dense_attention_with_sinks(name, window, cap, batch):
     out = _run(BACKENDS[name], batch, SINKS, window, cap)
     num_real = batch.real_tokens()
-    expected = softmax_with_sinks(batch, SM_SCALE, SINKS, window, cap)
+    expected = dense_attention(batch, SM_SCALE, window, cap, sinks=SINKS)
     assert relative_error(out[:num_real], expected[:num_real]) < 1e-5
     assert np.all(out[num_real:] == 0.0), "padding tokens must get 0"
     without_sinks = dense_attention(batch, SM_SCALE, window, cap)
@@ -137,7 +105,7 @@ def test_sharded_backend_splits_the_sinks_with_the_heads():
         out = _run(ShardedBackend(backend), batch, sinks, 37, 5.0)
     np.testing.assert_allclose(out, expected, rtol=0, atol=1e-6)
     num_real = batch.real_tokens()
-    assert relative_error(out[:num_real], softmax_with_sinks(batch, SM_SCALE, sinks, 37, 5.0)[:num_real]) < 1e-5
+    assert relative_error(out[:num_real], dense_attention(batch, SM_SCALE, 37, 5.0, sinks=sinks)[:num_real]) < 1e-5
 
 
 def test_tpu_backend_refuses_sinks(batch):
@@ -162,7 +130,7 @@ def test_compiled_kernels_apply_sinks_on_the_gpu(window, cap):
     )
     out = np.asarray(out, np.float32)
     num_real = batch.real_tokens()
-    expected = softmax_with_sinks(batch, 128**-0.5, sinks, window, cap)
+    expected = dense_attention(batch, 128**-0.5, window, cap, sinks=sinks)
     assert relative_error(out[:num_real], expected[:num_real]) < 2e-2
     assert np.all(out[num_real:] == 0.0)
     without_sinks = dense_attention(batch, 128**-0.5, window, cap)

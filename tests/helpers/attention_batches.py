@@ -90,10 +90,14 @@ def make_batch(requests, shape: BatchShape, dtype=jnp.float32, seed: int = 0) ->
     return RaggedBatch(s, list(requests), q, k, v, kv_cache, md, dtype)
 
 
-def dense_attention(batch: RaggedBatch, sm_scale: float, sliding_window=None, soft_cap=None):
-    """Causal (end-aligned) attention per row in float64 over dense keys; padding tokens 0."""
+def dense_attention(batch: RaggedBatch, sm_scale: float, sliding_window=None, soft_cap=None, sinks=None):
+    """Causal (end-aligned) attention per row in float64 over dense keys; padding tokens 0.
+
+    `sinks` (one per query head): each head's sink joins its softmax as one more logit after
+    the soft cap and the masks, and its weight is dropped."""
     s = batch.shape
     group = s.num_heads // s.num_kv_heads
+    sinks_KG1 = None if sinks is None else np.asarray(sinks, np.float64).reshape(s.num_kv_heads, group, 1)
     out = np.zeros(batch.q.shape, np.float64)
     block_tables = np.asarray(batch.md.block_tables)
     start = 0
@@ -112,8 +116,14 @@ def dense_attention(batch: RaggedBatch, sm_scale: float, sliding_window=None, so
         if sliding_window is not None:
             visible &= positions[None, :] > query_pos - sliding_window
         scores = np.where(visible, scores, -np.inf)
-        weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
-        weights /= weights.sum(axis=-1, keepdims=True)
+        peak = scores.max(axis=-1, keepdims=True)
+        if sinks_KG1 is not None:
+            peak = np.maximum(peak, sinks_KG1[..., None])
+        weights = np.exp(scores - peak)
+        total = weights.sum(axis=-1, keepdims=True)
+        if sinks_KG1 is not None:
+            total = total + np.exp(sinks_KG1[..., None] - peak)
+        weights /= total
         rows = np.einsum("kgql,klh->qkgh", weights, values)
         out[start : start + num_new] = rows.reshape(num_new, s.num_heads, s.head_dim)
         start += num_new

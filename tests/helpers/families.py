@@ -177,6 +177,19 @@ def family_config(name: str):
     return config
 
 
+def float32_model_config(model_dir, max_model_len: int = MAX_MODEL_LEN) -> ModelConfig:
+    """The `ModelConfig` that loads the checkpoint in `model_dir` in float32."""
+    return ModelConfig(
+        model=str(model_dir),
+        tokenizer=str(model_dir),
+        hf_config=transformers.AutoConfig.from_pretrained(model_dir),
+        dtype="float32",
+        max_model_len=max_model_len,
+        seed=0,
+        load_format="auto",
+    )
+
+
 class Family:
     """One family's HF model and vjx's, loaded from the same directory."""
 
@@ -189,15 +202,7 @@ class Family:
         self.hf_model.config._experts_implementation = "eager"
         randomize_(self.hf_model, 0)
         self.hf_model.save_pretrained(model_dir)
-        self.model_config = ModelConfig(
-            model=str(model_dir),
-            tokenizer=str(model_dir),
-            hf_config=transformers.AutoConfig.from_pretrained(model_dir),
-            dtype="float32",
-            max_model_len=MAX_MODEL_LEN,
-            seed=0,
-            load_format="auto",
-        )
+        self.model_config = float32_model_config(model_dir)
         self.model = get_model(self.model_config, ReferenceBackend())
 
     def hf_logits(self, token_ids) -> np.ndarray:

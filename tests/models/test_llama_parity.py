@@ -10,10 +10,10 @@ import pytest
 import torch
 import transformers
 
+from tests.helpers.families import float32_model_config
 from tests.helpers.model_steps import NUM_TOKENS, empty_caches, prefill, random_blocks
 from tests.helpers.tiny_llama import randomize_
 from vjx.attention.reference import ReferenceBackend
-from vjx.config import ModelConfig
 from vjx.models.loader import get_model
 
 VOCAB = 512
@@ -70,16 +70,7 @@ def save_and_load(tmp_dir, hf_config, *, seed=0, max_shard_size="50GB"):
     hf_model = model_cls(hf_config).eval()
     randomize_(hf_model, seed)
     hf_model.save_pretrained(tmp_dir, max_shard_size=max_shard_size)
-    config = ModelConfig(
-        model=str(tmp_dir),
-        tokenizer=str(tmp_dir),
-        hf_config=transformers.AutoConfig.from_pretrained(tmp_dir),
-        dtype="float32",
-        max_model_len=NUM_TOKENS,
-        seed=0,
-        load_format="auto",
-    )
-    return hf_model, get_model(config, ReferenceBackend())
+    return hf_model, get_model(float32_model_config(tmp_dir, NUM_TOKENS), ReferenceBackend())
 
 
 def hf_logits(hf_model, token_ids):

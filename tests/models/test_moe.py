@@ -14,12 +14,12 @@ import pytest
 import torch
 import transformers
 
-from tests.helpers.families import COMMON, MAX_MODEL_LEN
+from tests.helpers.families import COMMON, float32_model_config
 from tests.helpers.model_steps import BLOCK_SIZE, NUM_BLOCKS, prefill, random_blocks
 from tests.helpers.tiny_llama import randomize_
 from vjx.attention.reference import ReferenceBackend
 from vjx.attention.sharded import ShardedBackend
-from vjx.config import ModelConfig, ParallelConfig
+from vjx.config import ParallelConfig
 from vjx.models.layers.activation import GATED_ACTIVATIONS
 from vjx.models.layers.fused_moe import fused_experts, select_experts
 from vjx.models.loader import get_model
@@ -127,15 +127,7 @@ def moe_checkpoint(tmp_path_factory):
     randomize_(hf_model, 0)
     model_dir = tmp_path_factory.mktemp("qwen3_moe_ep")
     hf_model.save_pretrained(model_dir)
-    return ModelConfig(
-        model=str(model_dir),
-        tokenizer=str(model_dir),
-        hf_config=transformers.AutoConfig.from_pretrained(model_dir),
-        dtype="float32",
-        max_model_len=MAX_MODEL_LEN,
-        seed=0,
-        load_format="auto",
-    )
+    return float32_model_config(model_dir)
 
 
 def _caches(model_config, devices, mesh=None):
