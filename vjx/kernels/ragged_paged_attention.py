@@ -119,36 +119,20 @@ def _decode_segment(seq_len: Array, split: Array, num_splits: Array, splits: _Sp
     return walk, div(start, g.block_k), num_full, cdiv(end, g.block_k)
 
 
-def _decode_kernel(
-    query_start_loc_ref,
-    seq_lens_ref,
-    block_tables_ref,
-    num_seqs_ref,
-    q_ref,
-    kv_ref,
-    kv_scales_ref,
-    sinks_ref,
-    acc_ref,
-    m_ref,
-    l_ref,
-    out_ref,
-    *,
-    geometry: Geometry,
-    scoring: Scoring,
-    splits: _Splits,
-):
+def _decode_kernel(*kernel_refs, geometry: Geometry, scoring: Scoring, splits: _Splits):
     """Program (c, k): segment c // num_seqs of row c % num_seqs, kv head k -> the row's output
     when it has one segment, else the segment's partials at slot c."""
+    refs = _Refs(*kernel_refs)
     program, kv_head = pl.program_id(0), pl.program_id(1)
-    num_seqs = num_seqs_ref[0]
+    num_seqs = refs.num_seqs[0]
     num_rows = jnp.maximum(num_seqs, 1)
     split = div(program, num_rows)
-    row = jnp.minimum(rem(program, num_rows), seq_lens_ref.shape[0] - 1)
-    q_start = query_start_loc_ref[row]
-    seq_len = seq_lens_ref[row]
+    row = jnp.minimum(rem(program, num_rows), refs.seq_lens.shape[0] - 1)
+    q_start = refs.query_start_loc[row]
+    seq_len = refs.seq_lens[row]
     num_splits = splits.row_splits(seq_len, splits.max_splits(num_seqs))
     is_active = (row < num_seqs) & (split < num_splits)
-    is_active &= query_start_loc_ref[row + 1] - q_start == 1
+    is_active &= refs.query_start_loc[row + 1] - q_start == 1
 
     @pl.when(is_active)
     def _():
@@ -158,34 +142,35 @@ def _decode_kernel(
         q_index = (q_start, heads[:, None], dims)
         q_mask = full_mask(is_head, geometry.head_dim)
         walk_args = dict(
-            kv_ref=kv_ref,
-            block_tables_ref=block_tables_ref,
+            kv_ref=refs.kv,
+            block_tables_ref=refs.block_tables,
             row=row,
             kv_head=kv_head,
-            q=plgpu.load(q_ref.at[q_index], mask=q_mask, other=0).astype(compute_dtype(q_ref.dtype, kv_ref.dtype)),
+            q=plgpu.load(refs.q.at[q_index], mask=q_mask, other=0).astype(compute_dtype(refs.q.dtype, refs.kv.dtype)),
             geometry=geometry,
             scoring=scoring,
-            kv_scales=load_kv_scales(kv_ref, kv_scales_ref),
-            sinks=load_sinks(sinks_ref, heads, is_head),
+            kv_scales=load_kv_scales(refs.kv, refs.kv_scales),
+            sinks=load_sinks(refs.sinks, heads, is_head),
         )
         walk, first, num_full, end = _decode_segment(seq_len, split, num_splits, splits, walk_args)
         m, l, acc = walk_tiles(walk, first, num_full, end)
 
         @pl.when(num_splits == 1)
         def _():
-            out = normalize(l, acc).astype(out_ref.dtype)
-            plgpu.store(out_ref.at[q_index], out, mask=q_mask)
+            out = normalize(l, acc).astype(refs.out.dtype)
+            plgpu.store(refs.out.at[q_index], out, mask=q_mask)
 
         @pl.when(num_splits > 1)
         def _():
-            plgpu.store(acc_ref.at[program, kv_head, g_vec[:, None], dims], acc, mask=q_mask)
-            plgpu.store(m_ref.at[program, kv_head, g_vec], m, mask=is_head)
-            plgpu.store(l_ref.at[program, kv_head, g_vec], l, mask=is_head)
+            plgpu.store(refs.acc.at[program, kv_head, g_vec[:, None], dims], acc, mask=q_mask)
+            plgpu.store(refs.m.at[program, kv_head, g_vec], m, mask=is_head)
+            plgpu.store(refs.l.at[program, kv_head, g_vec], l, mask=is_head)
 
 
 @dataclasses.dataclass(frozen=True)
 class _Refs:
-    """The refs of the merge + prefill launch."""
+    """The refs of a launch: the decode launch's, and the merge + prefill launch's but for
+    its aliased output input."""
 
     query_start_loc: object  # [R + 1]
     seq_lens: object  # [R]
@@ -317,59 +302,29 @@ def _prefill_block(qb: _QueryBlock, kv_head: Array, refs: _Refs, g: Geometry, sc
 
 
 def _merge_prefill_kernel(
-    query_start_loc_ref,
-    seq_lens_ref,
-    block_tables_ref,
-    num_seqs_ref,
-    q_ref,
-    kv_ref,
-    kv_scales_ref,
-    sinks_ref,
-    acc_ref,
-    m_ref,
-    l_ref,
-    _out_in_ref,
-    out_ref,
-    *,
-    prefill: Geometry,
-    decode: Geometry,
-    scoring: Scoring,
-    splits: _Splits,
-    num_blocks: int,
+    *kernel_refs, prefill: Geometry, decode: Geometry, scoring: Scoring, splits: _Splits, num_blocks: int
 ):
     """Program (p, k), kv head k: query block num_blocks - 1 - p (the last blocks first) for
     p < num_blocks, else the merge of decode row p - num_blocks."""
-    refs = _Refs(
-        query_start_loc_ref,
-        seq_lens_ref,
-        block_tables_ref,
-        num_seqs_ref,
-        q_ref,
-        kv_ref,
-        kv_scales_ref,
-        sinks_ref,
-        acc_ref,
-        m_ref,
-        l_ref,
-        out_ref,
-    )
+    *inputs, _out_in_ref, out_ref = kernel_refs
+    refs = _Refs(*inputs, out_ref)
     program, kv_head = pl.program_id(0), pl.program_id(1)
     # In a decode-only step the only blocks are the padding row's: the programs past them
     # exit on two scalar loads instead of placing their block.
-    real_tokens = query_start_loc_ref[num_seqs_ref[0]]
-    padding_blocks = cdiv(q_ref.shape[0] - real_tokens, prefill.block_q)
-    is_past = (real_tokens == num_seqs_ref[0]) & (num_blocks - 1 - program >= padding_blocks)
+    real_tokens = refs.query_start_loc[refs.num_seqs[0]]
+    padding_blocks = cdiv(refs.q.shape[0] - real_tokens, prefill.block_q)
+    is_past = (real_tokens == refs.num_seqs[0]) & (num_blocks - 1 - program >= padding_blocks)
 
     @pl.when((program < num_blocks) & ~is_past)
     def _():
         qb, is_block = _find_block(refs, num_blocks - 1 - program, prefill.block_q)
-        is_padding = qb.row == num_seqs_ref[0]
+        is_padding = qb.row == refs.num_seqs[0]
 
         @pl.when(is_block & is_padding)
         def _():
             index, mask = _block_index(qb, kv_head, prefill)
-            zeros = jnp.zeros((prefill.block_m, prefill.head_dim), out_ref.dtype)
-            plgpu.store(out_ref.at[index], zeros, mask=mask)
+            zeros = jnp.zeros((prefill.block_m, prefill.head_dim), refs.out.dtype)
+            plgpu.store(refs.out.at[index], zeros, mask=mask)
 
         @pl.when(is_block & ~is_padding)
         def _():
