@@ -1,8 +1,8 @@
 """vLLM's `LLM` utility methods on one engine: sleep / wake_up, profiling, collective_rpc,
 apply_model, reset_prefix_cache, priority, and the generate keywords vjx refuses.
 
-One engine (the large engine's shapes, so its steps come from the compilation cache) with
-priority scheduling; each test leaves it awake.
+One engine with priority scheduling, on the tiny stand-in for the default model (the
+methods are the engine's, not the model's); each test leaves it awake.
 """
 
 import os
@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import transformers
 
-from tests.helpers.large_engine import LARGE_ARGS, PROMPTS
+from tests.helpers.large_engine import PROMPTS
+from tests.helpers.tiny_default_model import TINY_DEFAULT_ARGS, save_tiny_default_model
 from tests.helpers.worker_rpc import model_class_name, worker_summary
 from vjx import LLM, EngineArgs, SamplingParams
 from vjx.engine.llm_engine import LLMEngine
@@ -32,7 +33,10 @@ def engine_and_draws(tmp_path_factory):
     template_path.write_text(model_template + TEMPLATE_MARK)
     random.seed(0)
     np.random.seed(0)
-    engine = LLM(**LARGE_ARGS, scheduling_policy="priority", seed=SEED, chat_template=str(template_path))
+    model = save_tiny_default_model(tmp_path_factory.mktemp("tiny-default"))
+    engine = LLM(
+        model=model, **TINY_DEFAULT_ARGS, scheduling_policy="priority", seed=SEED, chat_template=str(template_path)
+    )
     # The first draws of Python's and NumPy's generators after the engine started.
     yield engine, (random.random(), np.random.random())
     engine.shutdown()
@@ -256,7 +260,7 @@ def test_bad_profile_arguments_raise(llm, monkeypatch, args, kwargs, error, matc
 
 
 def test_collective_rpc_by_name_and_by_callable(llm):
-    num_blocks = LARGE_ARGS["num_gpu_blocks_override"]
+    num_blocks = TINY_DEFAULT_ARGS["num_gpu_blocks_override"]
     assert llm.collective_rpc("get_kv_block_bytes") == [_worker(llm).get_kv_block_bytes()]
     assert llm.collective_rpc(worker_summary, args=("a",), kwargs={"scale": 2}) == [("a", 2 * num_blocks)]
     assert llm.collective_rpc(lambda worker: worker.mesh.size) == [1]
