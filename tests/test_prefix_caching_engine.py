@@ -1,14 +1,15 @@
-"""Prefix caching end to end on the default model (SmolLM2-135M-Instruct), greedy.
+"""Prefix caching end to end, greedy, on the tiny stand-in for the default model (its
+tokenizer and vocabulary; caching is the engine's property, not the model's).
 
-Two engines for the module, both with the large engine's arguments
-(tests/helpers/large_engine.py, so the persistent compilation cache serves them): prefix
-caching on (the default) and off. Caching must change which tokens are computed, never which
-tokens come out.
+Two engines with the large engine's arguments (tests/helpers/large_engine.py: a 256-token
+budget, no chunked prefill): prefix caching on (the default) for the module, and off for one
+run. Caching must change which tokens are computed, never which tokens come out.
 """
 
 import pytest
 
 from tests.helpers.large_engine import LARGE_ARGS
+from tests.helpers.tiny_default_model import save_tiny_default_model
 from vjx import LLM, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
@@ -25,13 +26,15 @@ QUESTIONS = [
 
 
 @pytest.fixture(scope="module")
-def cached_llm():
-    return LLM(**LARGE_ARGS)
+def model(tmp_path_factory) -> str:
+    return save_tiny_default_model(tmp_path_factory.mktemp("tiny-default"))
 
 
 @pytest.fixture(scope="module")
-def uncached_llm():
-    return LLM(**LARGE_ARGS, enable_prefix_caching=False)
+def cached_llm(model):
+    llm = LLM(model=model, **LARGE_ARGS)
+    yield llm
+    llm.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -67,9 +70,13 @@ def test_second_request_with_a_shared_prefix_hits_the_cache(cached_llm, prefix_i
     assert all(o.num_cached_tokens % 16 == 0 for o in outputs)
 
 
-def test_outputs_are_identical_with_prefix_caching_on_and_off(cached_llm, uncached_llm, prefix_ids):
+def test_outputs_are_identical_with_prefix_caching_on_and_off(model, cached_llm, prefix_ids):
     cached = cached_llm.generate(_prompts(cached_llm, prefix_ids), GREEDY, use_tqdm=False)
-    uncached = uncached_llm.generate(_prompts(uncached_llm, prefix_ids), GREEDY, use_tqdm=False)
+    uncached_llm = LLM(model=model, **LARGE_ARGS, enable_prefix_caching=False)
+    try:
+        uncached = uncached_llm.generate(_prompts(uncached_llm, prefix_ids), GREEDY, use_tqdm=False)
+    finally:
+        uncached_llm.shutdown()
     assert all(output.num_cached_tokens >= 192 for output in cached[1:])
     assert all(output.num_cached_tokens == 0 for output in uncached)
     assert _token_ids(cached) == _token_ids(uncached)
