@@ -1,8 +1,8 @@
 """One request through vjx's model on the reference backend, outside the engine: a prefill of
 some tokens after `num_cached` cached ones, into a shuffled, non-contiguous block table.
 
-Every prefill is padded to one shape (NUM_TOKENS tokens, NUM_ROWS rows), so one compile
-serves every prompt of a model config.
+Every prefill is padded to one of two shapes (DECODE_TOKENS or NUM_TOKENS tokens, NUM_ROWS
+rows), so two compiles serve every prompt and decode step of a model config.
 """
 
 import functools
@@ -16,6 +16,7 @@ from vjx.attention.metadata import AttentionMetadata
 from vjx.attention.reference import ReferenceBackend
 
 NUM_TOKENS = 384  # T: every prefill is padded to this
+DECODE_TOKENS = 8  # ... or, when it has no more tokens, to this (decode steps)
 NUM_ROWS = 2  # R: row 1 is a padding row
 BLOCK_SIZE = 16
 NUM_BLOCKS = 40
@@ -34,7 +35,7 @@ def prefill(model, token_ids, num_cached, block_ids, kv_caches):
     num_new = len(token_ids)
     positions = np.arange(num_cached, num_cached + num_new)
     slots = np.asarray(block_ids)[positions // BLOCK_SIZE] * BLOCK_SIZE + positions % BLOCK_SIZE
-    pad = NUM_TOKENS - num_new
+    pad = (DECODE_TOKENS if num_new <= DECODE_TOKENS else NUM_TOKENS) - num_new
     block_table = np.zeros((NUM_ROWS, WIDTH), np.int32)
     block_table[0, : len(block_ids)] = block_ids
     md = AttentionMetadata(
