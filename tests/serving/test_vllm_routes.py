@@ -2,7 +2,8 @@
 against `vjx serve` started with vLLM's opt-in flags (tokenizer info, prompt token
 details, request chat templates, load tracking).
 
-One server for the module: /ping, /load, /v1/models/{model}, /tokenizer_info,
+One server for the module, on the tiny stand-in for the default model (served under the
+default model's name; the routes are the server's, not the model's): /ping, /load, /v1/models/{model}, /tokenizer_info,
 /invocations and the /v1/embeddings refusal; prompt logprobs, scoring with
 `echo` and `max_tokens=0`, beam search, token ids in choices and logprobs, continuous
 usage, truncation sides, request chat templates, cached prompt tokens and the 400s vLLM
@@ -22,6 +23,7 @@ from serving.errors import OpenAIError
 from serving.server_args import ServerArgs
 from serving.serving_engine import OpenAIServing
 from tests.helpers.remote_server import RemoteServer
+from tests.helpers.tiny_default_model import save_tiny_default_model
 from vjx.models import default_model
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -38,8 +40,9 @@ NOT_JSON = "1 validation error:\n  Unsupported Media Type: Only 'application/jso
 
 
 @pytest.fixture(scope="module")
-def server():
-    remote = RemoteServer(FLAGS)
+def server(tmp_path_factory):
+    model = save_tiny_default_model(tmp_path_factory.mktemp("tiny-default"))
+    remote = RemoteServer([model, "--served-model-name", MODEL, *FLAGS])
     yield remote
     remote.stop()
 
