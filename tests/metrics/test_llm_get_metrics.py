@@ -1,11 +1,12 @@
 """`LLM.get_metrics()`: vLLM's metrics of an offline engine, from its own registry.
 
-The engine has tests/test_llm.py's small_llm shapes (its compiled steps come from the
-persistent cache), with stats on: 24 KV blocks for 8 requests force preemptions.
+The engine runs the tiny stand-in for the default model with tests/test_llm.py's small_llm
+shapes and stats on: 24 KV blocks for 8 requests force preemptions.
 """
 
 import pytest
 
+from tests.helpers.tiny_default_model import save_tiny_default_model
 from tests.helpers.vllm_metrics import check_against_vllm, families_by_name
 from vjx import LLM, SamplingParams
 from vjx.engine.llm_engine import LLMEngine
@@ -16,8 +17,9 @@ PARAMS = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def llm():
+def llm(tmp_path_factory):
     return LLM(
+        model=save_tiny_default_model(tmp_path_factory.mktemp("tiny-default")),
         max_model_len=256,
         max_num_seqs=16,
         max_num_batched_tokens=32,
