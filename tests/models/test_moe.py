@@ -14,7 +14,7 @@ import pytest
 import torch
 import transformers
 
-from tests.helpers.families import COMMON, float32_model_config
+from tests.helpers.families import COMMON, Family, float32_model_config
 from tests.helpers.model_steps import BLOCK_SIZE, NUM_BLOCKS, prefill, random_blocks
 from tests.helpers.tiny_llama import randomize_
 from vjx.attention.reference import ReferenceBackend
@@ -162,6 +162,21 @@ def test_expert_parallel_equals_one_device(moe_checkpoint, devices, expert_paral
     assert (expert_dim, width_dim) == (("model", None) if expert_parallel else (None, "model"))
     with jax.set_mesh(mesh):
         logits, tokens = _greedy(model, moe_checkpoint, prompt, devices, mesh)
+    np.testing.assert_allclose(logits, expected_logits, atol=1e-4, rtol=0)
+    assert tokens == expected_tokens
+
+
+def test_gpt_oss_expert_parallel_equals_one_device(tmp_path):
+    """Biases on the experts and the router, and sinks split with the heads, over 4 devices
+    that each hold one of the 4 experts."""
+    family = Family("gpt_oss", tmp_path)
+    prompt = np.random.default_rng(9).integers(2, COMMON["vocab_size"], 40)
+    expected_logits, expected_tokens = _greedy(family.model, family.model_config, prompt)
+    mesh = make_mesh(ParallelConfig(tensor_parallel_size=4, enable_expert_parallel=True))
+    model = get_model(family.model_config, ShardedBackend(ReferenceBackend()), mesh=mesh, enable_expert_parallel=True)
+    assert model.model.layers[0].mlp.experts.w13_bias[...].sharding.spec[0] == "model"
+    with jax.set_mesh(mesh):
+        logits, tokens = _greedy(model, family.model_config, prompt, 4, mesh)
     np.testing.assert_allclose(logits, expected_logits, atol=1e-4, rtol=0)
     assert tokens == expected_tokens
 
