@@ -1,4 +1,5 @@
-"""Bad, hostile and abandoned requests against `vjx serve` (an API key, a small body limit).
+"""Bad, hostile and abandoned requests against `vjx serve` (an API key, a small body limit),
+serving the tiny stand-in for the default model under the default model's name.
 
 Each bad request must get its 4xx OpenAI error JSON within a second while a good stream
 keeps running; 50 streams of which half are dropped must leave no KV block in use. The
@@ -15,6 +16,7 @@ import pytest
 
 from tests.helpers.hostile_requests import SAMPLING_CASES, completion
 from tests.helpers.remote_server import RemoteServer
+from tests.helpers.tiny_default_model import save_tiny_default_model
 
 pytestmark = pytest.mark.serial
 
@@ -138,9 +140,20 @@ run to completion (200), the rest get their 4xx."""
 
 
 @pytest.fixture(scope="module")
-def server():
+def server(tmp_path_factory):
+    model = save_tiny_default_model(tmp_path_factory.mktemp("tiny-default"))
     remote = RemoteServer(
-        ["--max-request-body-bytes", str(BODY_LIMIT), "--max-header-bytes", str(HEADER_LIMIT), "--access-log", "off"],
+        [
+            model,
+            "--served-model-name",
+            MODEL,
+            "--max-request-body-bytes",
+            str(BODY_LIMIT),
+            "--max-header-bytes",
+            str(HEADER_LIMIT),
+            "--access-log",
+            "off",
+        ],
         env={"VJX_API_KEY": API_KEY},
         api_key=API_KEY,
     )

@@ -1,7 +1,8 @@
 """The operator's limits, the refused fields, admission control and an event loop that huge
 inputs cannot stall, against `vjx serve` started with small limits.
 
-One server for the module. Each limit answers a 400 naming its field; past
+One server for the module, on the tiny stand-in for the default model (served under its
+name; the limits are the server's). Each limit answers a 400 naming its field; past
 --max-num-queued-reqs a request gets a 503 with Retry-After; /health and small requests
 keep answering within 100 ms while a 15 MB text is tokenized or a 5 MB prompt is refused.
 The engine-death test kills the engine process and so runs last.
@@ -22,11 +23,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from serving.errors import ENGINE_DEAD_MESSAGE
 from serving.unsupported_fields import UNSUPPORTED_FIELDS
 from tests.helpers.remote_server import RemoteServer
+from tests.helpers.tiny_default_model import save_tiny_default_model
 
 pytestmark = pytest.mark.serial
 
 MODEL = "SmolLM2-135M-Instruct"
-"""The default served name of the embedded model."""
+"""The default model's served name, which the stand-in is served under."""
 MAX_TOKENS_LIMIT = 100
 MAX_NUM_QUEUED_REQS = 16
 """LARGE_FLAGS' --max-num-seqs: every admitted request runs, none waits."""
@@ -43,8 +45,9 @@ COMPLETION = {"prompt": "Hello", "max_tokens": 2}
 
 
 @pytest.fixture(scope="module")
-def server():
-    remote = RemoteServer(LIMITS)
+def server(tmp_path_factory):
+    model = save_tiny_default_model(tmp_path_factory.mktemp("tiny-default"))
+    remote = RemoteServer([model, "--served-model-name", MODEL, *LIMITS])
     yield remote
     remote.stop()
 
