@@ -69,11 +69,14 @@ def _loop_over_experts(x, weights, ids, w13, w2, w13_bias, w2_bias, activation):
     return out
 
 
+@pytest.mark.parametrize("num_tokens", [3, 24], ids=["gathered", "grouped"])
 @pytest.mark.parametrize("routing", ["random", "one_expert"])
 @pytest.mark.parametrize("activation", ["silu", "swigluoai"])
-def test_grouped_gemm_equals_a_loop_over_experts(routing, activation):
-    """Every token reaches each of its experts (no capacity limit), even all on one expert."""
-    num_tokens, hidden, width, top_k = 24, 32, 16, 2
+def test_fused_experts_equal_a_loop_over_experts(num_tokens, routing, activation):
+    """Every token reaches each of its experts (no capacity limit), even all on one expert;
+    3 tokens make 6 pairs, fewer than the 8 experts (each pair gathers its expert's weights),
+    24 make 48 (one grouped GEMM)."""
+    hidden, width, top_k = 32, 16, 2
     keys = jax.random.split(jax.random.key(1), 6)
     x = jax.random.normal(keys[0], (num_tokens, hidden))
     w13 = jax.random.normal(keys[1], (NUM_EXPERTS, hidden, 2, width)) / hidden**0.5
@@ -92,9 +95,10 @@ def test_grouped_gemm_equals_a_loop_over_experts(routing, activation):
     np.testing.assert_allclose(out, expected, atol=1e-5, rtol=1e-5)
 
 
-def test_experts_outside_the_slice_contribute_nothing():
+@pytest.mark.parametrize("num_tokens", [2, 10], ids=["gathered", "grouped"])
+def test_experts_outside_the_slice_contribute_nothing(num_tokens):
     """A device holding experts 4..7 sums only the pairs routed to them."""
-    num_tokens, hidden, width = 10, 16, 8
+    hidden, width = 16, 8
     keys = jax.random.split(jax.random.key(2), 4)
     x = jax.random.normal(keys[0], (num_tokens, hidden))
     w13 = jax.random.normal(keys[1], (NUM_EXPERTS, hidden, 2, width))

@@ -8,7 +8,9 @@ The router picks each token's K experts in float32 (`select_experts`). The pairs
 sorted by expert, so each expert's rows are contiguous, and `jax.lax.ragged_dot` runs every
 expert's gate/up GEMM in one call and every down GEMM in another (rows past the local experts'
 groups come out zero). The outputs go back to token order and are summed with the routing
-weights: no capacity factor, every token reaches all of its experts.
+weights: no capacity factor, every token reaches all of its experts. A step with fewer pairs
+than experts (decode) instead gathers each pair's expert weights: `ragged_dot` reads every
+expert (and on CPU computes every group densely: 30x slower at one token, benchmarks/moe.py).
 
 Tensor parallelism splits each expert's width F over the `model` devices, like a dense MLP;
 expert parallelism (vLLM's `enable_expert_parallel`) instead gives each device whole experts
@@ -204,30 +206,48 @@ def fused_experts(
     """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) over the experts this call holds,
     `first_expert` .. `first_expert` + E - 1 (the others contribute zero); no down bias.
 
-    Weights of another dtype than x (FP8) are converted to x's for the GEMM; their scales,
-    one per expert and output channel, multiply the GEMM's output rows."""
+    With fewer (token, expert) pairs than experts (decode), each pair reads its own expert's
+    weights (a gather of M experts, the bytes the step must move anyway); otherwise the pairs
+    are sorted by expert and each projection is one `ragged_dot` over all E experts. Weights
+    of another dtype than x (FP8) are converted to x's for the GEMM; their scales, one per
+    expert and output channel, multiply the GEMM's output rows."""
     num_tokens, top_k = ids_TK.shape
     num_experts, hidden, _, width = w13.shape
+    dtype = x_TD.dtype
     local_M = ids_TK.reshape(-1) - first_expert
     is_local_M = (local_M >= 0) & (local_M < num_experts)
-    # Pairs of other devices' experts sort last, into a group no GEMM covers.
-    group_M = jnp.where(is_local_M, local_M, num_experts)
-    order_M = jnp.argsort(group_M, stable=True)
-    group_sizes = jnp.bincount(group_M, length=num_experts + 1)[:num_experts].astype(jnp.int32)
-    # Each sorted pair's expert (the other devices' pairs borrow the last local one's rows).
-    sorted_group_M = jnp.minimum(jnp.take(group_M, order_M), num_experts - 1)
-    x_MD = jnp.take(x_TD, order_M // top_k, axis=0)
-    w13_ED2F = w13.reshape(num_experts, hidden, 2 * width).astype(x_TD.dtype)
-    gate_up_M2F = jax.lax.ragged_dot(x_MD, w13_ED2F, group_sizes).reshape(-1, 2, width)
+    if num_tokens * top_k <= num_experts:
+        order_M = None
+        expert_M = jnp.clip(local_M, 0, num_experts - 1)
+        x_MD = jnp.repeat(x_TD, top_k, axis=0)
+
+        def project(h_MI, w_EIO):
+            return jnp.einsum("MI,MIO->MO", h_MI, jnp.take(w_EIO, expert_M, axis=0).astype(dtype))
+
+    else:
+        # Pairs of other devices' experts sort last, into a group no GEMM covers; their rows
+        # borrow the last local expert's scales and biases, and their weight is zero.
+        group_M = jnp.where(is_local_M, local_M, num_experts)
+        order_M = jnp.argsort(group_M, stable=True)
+        group_sizes = jnp.bincount(group_M, length=num_experts + 1)[:num_experts].astype(jnp.int32)
+        expert_M = jnp.minimum(jnp.take(group_M, order_M), num_experts - 1)
+        x_MD = jnp.take(x_TD, order_M // top_k, axis=0)
+
+        def project(h_MI, w_EIO):
+            return jax.lax.ragged_dot(h_MI, w_EIO.astype(dtype), group_sizes)
+
+    gate_up_M2F = project(x_MD, w13.reshape(num_experts, hidden, 2 * width)).reshape(-1, 2, width)
     if w13_scale is not None:
-        gate_up_M2F = gate_up_M2F * jnp.take(w13_scale, sorted_group_M, axis=0).astype(x_TD.dtype)
+        gate_up_M2F = gate_up_M2F * jnp.take(w13_scale, expert_M, axis=0).astype(dtype)
     if w13_bias is not None:
-        gate_up_M2F = gate_up_M2F + jnp.take(w13_bias, sorted_group_M, axis=0)
+        gate_up_M2F = gate_up_M2F + jnp.take(w13_bias, expert_M, axis=0)
     h_MF = GATED_ACTIVATIONS[activation](gate_up_M2F[:, 0], gate_up_M2F[:, 1])
-    y_MD = jax.lax.ragged_dot(h_MF.astype(x_TD.dtype), w2.astype(x_TD.dtype), group_sizes)
+    y_MD = project(h_MF.astype(dtype), w2)
     if w2_scale is not None:
-        y_MD = y_MD * jnp.take(w2_scale, sorted_group_M, axis=0).astype(x_TD.dtype)
-    # Back to (token, k) order: the inverse permutation is a gather, not a scatter-add.
-    y_TKD = jnp.take(y_MD, jnp.argsort(order_M), axis=0).reshape(num_tokens, top_k, -1)
-    weights_TK = jnp.where(is_local_M.reshape(num_tokens, top_k), weights_TK, 0.0).astype(x_TD.dtype)
+        y_MD = y_MD * jnp.take(w2_scale, expert_M, axis=0).astype(dtype)
+    if order_M is not None:
+        # Back to (token, k) order: the inverse permutation is a gather, not a scatter-add.
+        y_MD = jnp.take(y_MD, jnp.argsort(order_M), axis=0)
+    y_TKD = y_MD.reshape(num_tokens, top_k, -1)
+    weights_TK = jnp.where(is_local_M.reshape(num_tokens, top_k), weights_TK, 0.0).astype(dtype)
     return jnp.einsum("TK,TKD->TD", weights_TK, y_TKD)
