@@ -31,8 +31,8 @@ def test_cpu_run_writes_every_token_count(tmp_path):
     assert moe.main([*argv, "--repeats", "1", "--output-json", str(path)]) == 0
     result = json.loads(path.read_text())
     assert result["benchmark"] == "moe" and (result["num_experts"], result["width"]) == (4, 32)
-    assert [run["num_tokens"] for run in result["runs"]] == [1, 8]
-    assert all(run[k] > 0 for run in result["runs"] for k in ("grouped_us", "loop_us", "active_dense_us"))
+    assert [(run["num_tokens"], run["path"]) for run in result["runs"]] == [(1, "gathered"), (8, "grouped")]
+    assert all(run[k] > 0 for run in result["runs"] for k in ("fused_us", "loop_us", "active_dense_us"))
 
 
 def test_a_dense_config_is_refused(tmp_path):
