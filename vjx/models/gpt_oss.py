@@ -60,11 +60,14 @@ def _check_swiglu(hf_config) -> None:
 class GptOssForCausalLM(LlamaForCausalLM):
     CHECKPOINT_SUBSTRINGS = {".mlp.router.": ".mlp.gate."}
 
+    def __init__(self, hf_config, **kwargs):
+        _check_swiglu(hf_config.get_text_config())
+        super().__init__(hf_config, **kwargs)
+
     def attention_args(self, ctx: BuildContext, layer_idx: int) -> AttentionArgs:
         return dataclasses.replace(super().attention_args(ctx, layer_idx), sinks=True)
 
     def make_mlp(self, ctx: BuildContext, layer_idx: int) -> nnx.Module:
-        _check_swiglu(ctx.hf_config)
         args = moe_args(
             ctx, intermediate_size=ctx.args.intermediate_size, renormalize=True, activation="swigluoai", use_bias=True
         )

@@ -156,7 +156,7 @@ def _quantize_experts_fn(per_channel: bool, weight_sharding, scale_sharding):
         w = weight.astype(jnp.float32)
         absmax = jnp.max(jnp.abs(w), axis=1)
         if not per_channel:
-            per_expert = jnp.max(absmax, axis=tuple(range(absmax.ndim))[-1:], keepdims=True)
+            per_expert = jnp.max(absmax, axis=-1, keepdims=True)
             absmax = jnp.broadcast_to(per_expert, absmax.shape)
         scale = jnp.maximum(absmax, MIN_SCALE) / quant_max(FP8_DTYPE)
         return quantize(w, scale[:, None], FP8_DTYPE), scale

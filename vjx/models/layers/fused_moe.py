@@ -217,25 +217,9 @@ def fused_experts(
     local_M = ids_TK.reshape(-1) - first_expert
     is_local_M = (local_M >= 0) & (local_M < num_experts)
     if num_tokens * top_k <= num_experts:
-        order_M = None
-        expert_M = jnp.clip(local_M, 0, num_experts - 1)
-        x_MD = jnp.repeat(x_TD, top_k, axis=0)
-
-        def project(h_MI, w_EIO):
-            return jnp.einsum("MI,MIO->MO", h_MI, jnp.take(w_EIO, expert_M, axis=0).astype(dtype))
-
+        order_M, expert_M, x_MD, project = _gathered_pairs(x_TD, local_M, top_k, num_experts)
     else:
-        # Pairs of other devices' experts sort last, into a group no GEMM covers; their rows
-        # borrow the last local expert's scales and biases, and their weight is zero.
-        group_M = jnp.where(is_local_M, local_M, num_experts)
-        order_M = jnp.argsort(group_M, stable=True)
-        group_sizes = jnp.bincount(group_M, length=num_experts + 1)[:num_experts].astype(jnp.int32)
-        expert_M = jnp.minimum(jnp.take(group_M, order_M), num_experts - 1)
-        x_MD = jnp.take(x_TD, order_M // top_k, axis=0)
-
-        def project(h_MI, w_EIO):
-            return jax.lax.ragged_dot(h_MI, w_EIO.astype(dtype), group_sizes)
-
+        order_M, expert_M, x_MD, project = _grouped_pairs(x_TD, local_M, is_local_M, top_k, num_experts)
     gate_up_M2F = project(x_MD, w13.reshape(num_experts, hidden, 2 * width)).reshape(-1, 2, width)
     if w13_scale is not None:
         gate_up_M2F = gate_up_M2F * jnp.take(w13_scale, expert_M, axis=0).astype(dtype)
@@ -251,3 +235,31 @@ def fused_experts(
     y_TKD = y_MD.reshape(num_tokens, top_k, -1)
     weights_TK = jnp.where(is_local_M.reshape(num_tokens, top_k), weights_TK, 0.0).astype(dtype)
     return jnp.einsum("TK,TKD->TD", weights_TK, y_TKD)
+
+
+def _gathered_pairs(x_TD, local_M, top_k, num_experts):
+    """Each (token, expert) pair in (token, k) order, projected by its own expert's weights."""
+    expert_M = jnp.clip(local_M, 0, num_experts - 1)
+    x_MD = jnp.repeat(x_TD, top_k, axis=0)
+
+    def project(h_MI, w_EIO):
+        return jnp.einsum("MI,MIO->MO", h_MI, jnp.take(w_EIO, expert_M, axis=0).astype(h_MI.dtype))
+
+    return None, expert_M, x_MD, project
+
+
+def _grouped_pairs(x_TD, local_M, is_local_M, top_k, num_experts):
+    """The pairs sorted by expert, each projection one `ragged_dot` over the experts' groups.
+
+    Pairs of other devices' experts sort last, into a group no GEMM covers; their rows borrow
+    the last local expert's scales and biases, and their weight is zero."""
+    group_M = jnp.where(is_local_M, local_M, num_experts)
+    order_M = jnp.argsort(group_M, stable=True)
+    group_sizes = jnp.bincount(group_M, length=num_experts + 1)[:num_experts].astype(jnp.int32)
+    expert_M = jnp.minimum(jnp.take(group_M, order_M), num_experts - 1)
+    x_MD = jnp.take(x_TD, order_M // top_k, axis=0)
+
+    def project(h_MI, w_EIO):
+        return jax.lax.ragged_dot(h_MI, w_EIO.astype(h_MI.dtype), group_sizes)
+
+    return order_M, expert_M, x_MD, project
