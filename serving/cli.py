@@ -43,6 +43,8 @@ def _generate(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from serving.api_server import run_server
 
+    if args.headless:
+        return _serve_headless(EngineArgs.from_cli_args(args))
     if args.model_tag is not None:
         if args.model is not None and args.model != args.model_tag:
             raise ValueError(f"model is given twice, as {args.model_tag!r} and --model {args.model!r}.")
@@ -51,6 +53,17 @@ def _serve(args: argparse.Namespace) -> int:
         args.api_key = os.environ.get(API_KEY_ENV) or None
     server_args = ServerArgs.from_cli_args(args)
     run_server(EngineArgs.from_cli_args(args), server_args)
+    return 0
+
+
+def _serve_headless(engine_args: EngineArgs) -> int:
+    """A rank > 0 of an engine over several hosts: no server, only its share of the devices."""
+    from vjx.executor.multiproc_worker import run_worker
+
+    parallel_config = engine_args.create_parallel_config()
+    if parallel_config.node_rank == 0:
+        raise ValueError("--headless is for the ranks after 0 (--node-rank 1 and up); rank 0 serves.")
+    run_worker(parallel_config)
     return 0
 
 
@@ -71,6 +84,13 @@ def _add_serve_parser(commands) -> argparse.ArgumentParser:
         "when left out.",
     )
     serve.add_argument("--config", default=None, help="YAML file of flags, e.g. 'max-model-len: 2048'.")
+    serve.add_argument(
+        "--headless",
+        action="store_true",
+        help="Serve no API: run this host's share of an engine over several hosts (--node-rank 1 and up); "
+        "rank 0's config (model, lengths, parallelism) applies, only the --nnodes/--node-rank/--master-* "
+        "flags are read here.",
+    )
     ServerArgs.add_cli_args(serve)
     EngineArgs.add_cli_args(serve)
     serve.set_defaults(handler=_serve)

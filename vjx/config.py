@@ -124,6 +124,14 @@ class ParallelConfig:
     enable_expert_parallel: bool = False
     """MoE layers put whole experts on each of the replica's devices instead of splitting
     every expert's width over them (vLLM's flag)."""
+    nnodes: int = 1
+    """Processes (one per host) whose devices form the mesh, joined by `jax.distributed`."""
+    node_rank: int = 0
+    """This process's rank among `nnodes`: 0 runs the scheduler and the front end."""
+    master_addr: str = "127.0.0.1"
+    """Rank 0's address: JAX's coordinator at `master_port`, vjx's control channel at the
+    two ports after it."""
+    master_port: int = 29501
 
 
 @dataclasses.dataclass(frozen=True)

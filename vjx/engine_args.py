@@ -46,6 +46,14 @@ def _field(default, help: str):
 
 
 # vLLM leaves these None for "the platform's default"; vjx's defaults are the fields' own.
+_MULTI_NODE_ENV = {
+    "nnodes": "VJX_NNODES",
+    "node_rank": "VJX_NODE_RANK",
+    "master_addr": "VJX_MASTER_ADDR",
+    "master_port": "VJX_MASTER_PORT",
+}
+"""The environment's form of each multi-node flag, read when the flag is left at its default."""
+_EXECUTOR_BACKENDS = ("uni", "mp")
 _NONE_IS_DEFAULT = ("block_size", "max_num_seqs", "enable_prefix_caching", "enable_chunked_prefill")
 
 
@@ -167,6 +175,26 @@ class EngineArgs(VllmCompatArgs):
         "MoE models: each of a replica's tensor_parallel_size devices holds whole experts "
         "(num_experts must divide evenly) instead of a slice of every expert's width.",
     )
+    distributed_executor_backend: str | None = _field(
+        None,
+        "How the engine reaches its devices: 'uni' (this process drives them all; the default on one "
+        "host) or 'mp' (one process per host joined by jax.distributed; the default when nnodes > 1). "
+        "'ray' is not built yet.",
+    )
+    nnodes: int = _field(
+        1,
+        "Hosts the engine spans, one process each (environment: VJX_NNODES); their devices form one "
+        "mesh for tensor_parallel_size. Rank 0 serves; the others run `vjx serve --headless`.",
+    )
+    node_rank: int = _field(0, "This host's rank, 0 to nnodes - 1 (environment: VJX_NODE_RANK).")
+    master_addr: str = _field(
+        "127.0.0.1",
+        "Rank 0's address, which every rank can reach (environment: VJX_MASTER_ADDR).",
+    )
+    master_port: int = _field(
+        29501,
+        "JAX's coordinator port on rank 0; vjx's control channel takes the next two (environment: VJX_MASTER_PORT).",
+    )
     load_format: str = _field("auto", f"How to read weights: one of {_LOAD_FORMATS}.")
     quantization: str | None = _field(
         None,
@@ -198,9 +226,18 @@ class EngineArgs(VllmCompatArgs):
         for name in _NONE_IS_DEFAULT:
             if getattr(self, name) is None:
                 setattr(self, name, type(self).__dataclass_fields__[name].default)
+        for name, env in _MULTI_NODE_ENV.items():
+            default = type(self).__dataclass_fields__[name].default
+            if getattr(self, name) == default and env in os.environ:
+                setattr(self, name, type(default)(os.environ[env]))
         verify_vllm_args(self)
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {list(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}.")
+        if self.distributed_executor_backend not in (None, *_EXECUTOR_BACKENDS):
+            raise ValueError(
+                f"distributed_executor_backend={self.distributed_executor_backend!r} is not supported by vjx: "
+                f"the backends built are {list(_EXECUTOR_BACKENDS)} ('ray' is not built yet)."
+            )
         if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(
                 f"quantization={self.quantization!r} is not supported by vjx: the methods built are "
@@ -250,8 +287,15 @@ class EngineArgs(VllmCompatArgs):
         _verify_generation_config(model_config)
         get_quantization_config(self.quantization, hf_config)
         parallel_config = self.create_parallel_config()
+        if self.node_rank > 0:
+            raise ValueError(
+                f"node_rank={self.node_rank}: the engine runs on rank 0; rank {self.node_rank} runs "
+                f"`vjx serve --headless --nnodes {self.nnodes} --node-rank {self.node_rank} --master-addr ...`."
+            )
         verify_tensor_parallel(hf_config.get_text_config(), self.tensor_parallel_size, self.enable_expert_parallel)
-        device_groups(parallel_config)
+        # Over several hosts the devices are counted once this process has joined the others.
+        if self.nnodes == 1 or jax.distributed.is_initialized():
+            device_groups(parallel_config)
         return VjxConfig(
             model_config=model_config,
             cache_config=CacheConfig(
@@ -273,10 +317,15 @@ class EngineArgs(VllmCompatArgs):
 
     def create_parallel_config(self) -> ParallelConfig:
         """The layout over devices (replica 0's; each replica's engine takes its own rank)."""
+        self._verify_multi_node()
         return ParallelConfig(
             tensor_parallel_size=self.tensor_parallel_size,
             data_parallel_size=self.data_parallel_size,
             enable_expert_parallel=self.enable_expert_parallel,
+            nnodes=self.nnodes,
+            node_rank=self.node_rank,
+            master_addr=self.master_addr,
+            master_port=self.master_port,
         )
 
     def _verify_args(self) -> None:
@@ -412,7 +461,35 @@ class EngineArgs(VllmCompatArgs):
             async_scheduling=self._async_scheduling(),
         )
 
+    def _verify_multi_node(self) -> None:
+        if self.nnodes < 1:
+            raise ValueError(f"nnodes must be >= 1, got {self.nnodes}.")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(
+                f"node_rank must be in [0, {self.nnodes - 1}] (nnodes={self.nnodes}), got {self.node_rank}."
+            )
+        if not 1 <= self.master_port <= 65533:
+            raise ValueError(
+                f"master_port must be in [1, 65533] (vjx takes the next two ports too), got {self.master_port}."
+            )
+        if self.nnodes == 1:
+            return
+        if self.distributed_executor_backend == "uni":
+            raise ValueError(
+                f"distributed_executor_backend='uni' drives one host's devices; nnodes={self.nnodes} needs 'mp'."
+            )
+        if self.data_parallel_size > 1:
+            raise ValueError(
+                f"data_parallel_size={self.data_parallel_size} with nnodes={self.nnodes}: data parallelism "
+                "over several hosts is not built yet; the hosts' devices serve tensor parallelism."
+            )
+        if self.multiprocess is False:
+            raise ValueError(f"multiprocess=False with nnodes={self.nnodes}: rank 0's engine runs in its own process.")
+
     def _multiprocess(self) -> bool:
+        if self.nnodes > 1:
+            # A rank's death must not hang the caller: the engine process is ended instead.
+            return True
         have_packages = all(importlib.util.find_spec(name) is not None for name in ("zmq", "msgspec"))
         if self.multiprocess is None:
             # Without the [serve] extra the engine stays in this process rather than failing.

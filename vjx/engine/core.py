@@ -17,7 +17,6 @@ from vjx.core.sched.stats import SchedulerStats
 from vjx.engine.messages import EngineCoreOutputs, EngineCoreRequest
 from vjx.engine.step_profiler import NullStepProfiler, StepProfiler
 from vjx.executor.abstract import Executor
-from vjx.executor.uniproc import UniProcExecutor
 from vjx.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vjx.structured_output import StructuredOutputManager
 
@@ -38,12 +37,12 @@ class EngineCore:
     sleep_level: int = 0
     """The level of the last `sleep` (what `make_stats` reports while asleep)."""
 
-    def __init__(self, config: VjxConfig, executor_class: type[Executor] = UniProcExecutor):
+    def __init__(self, config: VjxConfig, executor_class: type[Executor] | None = None):
         # Engines dropped since an earlier one started must free their memory before this
         # one measures what is free; the persistent compilation cache is on for every engine.
         process_setup.engine_starting()
         self.config = config
-        self.model_executor = executor_class(config)
+        self.model_executor = (executor_class or Executor.get_class(config))(config)
         start = time.perf_counter()
         kv_cache_config = self.model_executor.determine_kv_cache_config()
         # On devices with memory statistics, sizing loads or compiles the largest step.
@@ -151,6 +150,7 @@ class EngineCore:
     def shutdown(self) -> None:
         """Hands the start-up heap back to the collector unless other engines live; idempotent."""
         self.structured_output_manager.shutdown()
+        self.model_executor.shutdown()
         process_setup.engine_stopped(self)
 
     def step(self) -> EngineCoreOutputs:

@@ -25,17 +25,20 @@ import os
 import queue
 import secrets
 import shutil
+import signal
 import tempfile
 import threading
 import time
 import traceback
 import weakref
+from collections.abc import Callable
 
 import jax
 import zmq
 
 from vjx import process_setup
 from vjx.config import VjxConfig
+from vjx.distributed import jax_distributed
 from vjx.engine import serial
 from vjx.engine.core import EngineCore
 from vjx.engine_args import EngineArgs
@@ -49,11 +52,18 @@ _LINGER_MS = 2000
 _TRANSPORTS = ("ipc", "tcp")
 
 
-def _watch_parent(parent_pid: int) -> None:
+def _exit_after(shutdowns: list[Callable[[], None]], code: int) -> None:
+    """Runs `shutdowns` (the executor's: its other ranks leave first), then ends the process."""
+    for shutdown in shutdowns:
+        shutdown()
+    os._exit(code)
+
+
+def _watch_parent(parent_pid: int, shutdowns: list[Callable[[], None]]) -> None:
     """Ends the child when its parent is gone (even killed), so no engine outlives it."""
     while os.getppid() == parent_pid:
         time.sleep(_PARENT_POLL_S)
-    os._exit(1)
+    _exit_after(shutdowns, 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +94,7 @@ def _replica_config(engine_args: EngineArgs, placement: ReplicaPlacement) -> Vjx
 
 
 def run_engine_core(
-    engine_args: bytes,
+    engine_args_bytes: bytes,
     addresses: dict[str, str],
     token: bytes,
     cache_options: dict,
@@ -94,14 +104,20 @@ def run_engine_core(
     """The child's entry point: set up the process, build EngineCore, report readiness (or
     the error), serve. `token` signs every message; it comes in the spawn arguments, never
     the command line (which every user can read) or the environment (which children inherit)."""
-    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True, name="vjx-parent-watch").start()
+    shutdowns: list[Callable[[], None]] = []
+    threading.Thread(target=_watch_parent, args=(parent_pid, shutdowns), daemon=True, name="vjx-parent-watch").start()
     context = zmq.Context()
     handshake = context.socket(zmq.PUSH)
     handshake.connect(addresses["handshake"])
     try:
         process_setup.setup_engine_process(cache_options, placement.visible_devices)
-        config = _replica_config(serial.decode_dataclass(engine_args, EngineArgs), placement)
+        engine_args = serial.decode_dataclass(engine_args_bytes, EngineArgs)
+        jax_distributed.initialize(engine_args.create_parallel_config())
+        config = _replica_config(engine_args, placement)
         engine_core = EngineCore(config)
+        # The parent stops this process with SIGTERM: the executor first tells its other ranks.
+        shutdowns.append(engine_core.model_executor.shutdown)
+        signal.signal(signal.SIGTERM, lambda *_: _exit_after(shutdowns, 0))
         proc = EngineCoreProc(engine_core, context, addresses, token)
     except Exception:
         handshake.send_multipart(serial.encode(token, serial.FAILED, traceback.format_exc()))

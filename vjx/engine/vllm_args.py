@@ -42,7 +42,7 @@ _LORA = "LoRA adapters are not built yet"
 _SPEC = "speculative decoding is not built yet"
 _EP = "vjx runs expert parallelism as enable_expert_parallel (local experts, then an all-reduce); this is not built"
 _DBO = "dual-batch overlap is not built yet"
-_MULTI_NODE = "multi-node and externally launched data parallelism are not built yet"
+_MULTI_NODE = "data parallelism over several hosts, or launched from outside, is not built yet"
 _CONTEXT_PARALLEL = "context parallelism is not built yet"
 _OFFLOAD = "weight and KV offloading are not built yet"
 _MAMBA = "Mamba and linear-attention models are not built yet"
@@ -93,12 +93,12 @@ VLLM_ARGS: tuple[VllmArg, ...] = tuple(
         ("cudagraph_capture_sizes", None, "ints", NO_EFFECT, _COMPILE),
         ("max_cudagraph_capture_size", None, "int", NO_EFFECT, _COMPILE),
         ("ir_op_priority", None, "json", NO_EFFECT, _KERNELS),
-        ("distributed_executor_backend", None, "str", UNSUPPORTED, "Ray is not built yet ('mp'/'uni': vjx's own)"),
+        ("distributed_executor_backend", None, "str", VJX, ""),
         ("pipeline_parallel_size", 1, "int", UNSUPPORTED, "pipeline parallelism is not built yet"),
-        ("master_addr", "127.0.0.1", "str", UNSUPPORTED, _MULTI_NODE),
-        ("master_port", 29501, "int", UNSUPPORTED, _MULTI_NODE),
-        ("nnodes", 1, "int", UNSUPPORTED, _MULTI_NODE),
-        ("node_rank", 0, "int", UNSUPPORTED, _MULTI_NODE),
+        ("master_addr", "127.0.0.1", "str", VJX, ""),
+        ("master_port", 29501, "int", VJX, ""),
+        ("nnodes", 1, "int", VJX, ""),
+        ("node_rank", 0, "int", VJX, ""),
         ("distributed_timeout_seconds", None, "int", NO_EFFECT, _COLLECTIVES),
         ("cpu_distributed_timeout_seconds", None, "int", NO_EFFECT, _COLLECTIVES),
         ("numa_bind", False, "bool", UNSUPPORTED, "NUMA binding is not built yet"),
@@ -389,7 +389,6 @@ NO_EFFECT_VALUES = {
     "convert": ("none",),
     "tokenizer_mode": ("hf",),
     "config_format": ("hf",),
-    "distributed_executor_backend": ("mp", "uni"),
     "model_impl": ("vllm",),
     "skip_mm_profiling": (True,),
     "mm_processor_cache_gb": (0,),

@@ -14,6 +14,17 @@ class Executor(abc.ABC):
     def __init__(self, config: VjxConfig):
         self.config = config
 
+    @staticmethod
+    def get_class(config: VjxConfig) -> type["Executor"]:
+        """One process drives every device ("uni"), or rank 0 of several ("mp", nnodes > 1)."""
+        if config.parallel_config.nnodes > 1:
+            from vjx.executor.multiproc import MultiprocExecutor
+
+            return MultiprocExecutor
+        from vjx.executor.uniproc import UniProcExecutor
+
+        return UniProcExecutor
+
     @abc.abstractmethod
     def determine_kv_cache_config(self) -> KVCacheConfig:
         """The model's layers grouped by KV cache spec, and the blocks the pool can hold."""
@@ -48,6 +59,11 @@ class Executor(abc.ABC):
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         self.collective_rpc("wake_up", args=(tags,))
+
+    def shutdown(self) -> None:
+        """Releases what the executor holds beyond this process (other ranks); idempotent.
+        One process holds nothing beyond itself."""
+        return None
 
     def profile(self, is_start: bool = True, trace_dir: str | None = None) -> None:
         self.collective_rpc("profile", args=(is_start, trace_dir))

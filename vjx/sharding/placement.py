@@ -71,6 +71,15 @@ def place(host: np.ndarray, dtype, sharding: Sharding) -> jax.Array:
     return jax.make_array_from_callback(host.shape, sharding, lambda index: _block(host, index, dtype))
 
 
+def put_replicated(host: np.ndarray, sharding: Sharding) -> jax.Array:
+    """`host` whole on every device of `sharding`. Over several processes each process puts its
+    own copy: all hold the same value (rank 0's), so `jax.device_put`'s check that they do, an
+    all-gather of `host` on every call, is skipped."""
+    if sharding.is_fully_addressable:
+        return jax.device_put(host, sharding)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
 def _block(host: np.ndarray, index: tuple[slice, ...], dtype) -> np.ndarray:
     block = host[index]
     return np.ascontiguousarray(block).reshape(np.shape(block)).astype(dtype, copy=False)

@@ -25,7 +25,7 @@ from vjx.config import VjxConfig
 from vjx.core.sched.output import CachedRequestData, SchedulerOutput
 from vjx.kv_cache_interface import KVCacheConfig
 from vjx.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
-from vjx.sharding.placement import filled
+from vjx.sharding.placement import filled, put_replicated
 from vjx.worker.compile_watch import CompileWatch
 from vjx.worker.input_batch import CachedRequestState, InputBatch
 from vjx.worker.slot_tables import SlotTables
@@ -177,11 +177,11 @@ class ModelRunner:
         index = {req_id: i for i, req_id in enumerate(so.num_scheduled_tokens)}
         bans = np.zeros((layout.num_reqs, layout.num_bitmask_words), np.int32)
         bans[: len(req_ids)] = ~so.grammar_bitmask[[index[req_id] for req_id in req_ids]]
-        return jax.device_put(bans, self.replicated)
+        return put_replicated(bans, self.replicated)
 
     def _to_device(self, packed: np.ndarray) -> jax.Array:
         """The step's one host-to-device transfer (a second one carries grammar masks)."""
-        return jax.device_put(packed, self.replicated)
+        return put_replicated(packed, self.replicated)
 
     def _features(self, fields: dict[str, np.ndarray], rows: np.ndarray, record: StepRecord) -> StepFeatures:
         """PLAIN when no row of the step filters, processes its logits or wants logprobs."""

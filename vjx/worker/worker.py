@@ -103,12 +103,13 @@ class Worker:
 
     def determine_num_available_blocks(self) -> int:
         """KV blocks that fit `kv_cache_memory_bytes`, else the memory left after weights and
-        activations on the fullest device of the mesh; on a host without memory statistics
+        activations on the fullest device of the mesh this process drives; on a host without memory statistics
         (the CPU), what `max_num_seqs` requests of `max_model_len` tokens need, at most 4 GiB."""
         cache_config = self.config.cache_config
         if cache_config.num_gpu_blocks_override is not None:
             return cache_config.num_gpu_blocks_override
-        all_stats = [device.memory_stats() for device in self.mesh.devices.flat]
+        # This process's devices (over several processes, each sizes its own; rank 0 takes the least).
+        all_stats = [device.memory_stats() for device in self.mesh.local_devices]
         if cache_config.kv_cache_memory_bytes is not None:
             budget = cache_config.kv_cache_memory_bytes
         elif any(stats is None for stats in all_stats):

@@ -1,0 +1,136 @@
+"""The control channel of an engine over several processes: rank 0 to the other ranks.
+
+Two ZeroMQ ROUTER sockets bind on rank 0's `master_addr`, on the two ports after JAX's
+coordinator (`master_port + 1`, `master_port + 2`); each other rank connects a DEALER to
+each, named by its rank:
+
+- control: rank 0 sends every worker call (the config at start, each step's
+  `SchedulerOutput`, each collect, each `collective_rpc`) as a pickle, in one order, so every
+  rank runs the same programs in the same order; a rank answers only the calls that return a
+  value, in msgpack (rank 0 never unpickles what comes from the network).
+- heartbeat: each rank pings every `HEARTBEAT_INTERVAL_S`, rank 0 answers. A side that hears
+  nothing for `HEARTBEAT_TIMEOUT_S` declares the other dead: on rank 0 that ends the engine
+  (the front end then raises `EngineDeadError`), on another rank it ends that process. A
+  separate socket and thread, because a rank's main thread may sit in a collective that a
+  dead peer never joins.
+"""
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+
+import msgspec
+import zmq
+
+from vjx.config import ParallelConfig
+
+logger = logging.getLogger(__name__)
+
+HEARTBEAT_INTERVAL_S = 0.5
+HEARTBEAT_TIMEOUT_S = 5.0
+STARTUP_GRACE_S = 120.0
+"""How long a side waits for the other's first ping or pong (the ranks start in any order)."""
+_PING, _PONG = b"ping", b"pong"
+
+
+def control_address(parallel_config: ParallelConfig) -> str:
+    return f"tcp://{parallel_config.master_addr}:{parallel_config.master_port + 1}"
+
+
+def heartbeat_address(parallel_config: ParallelConfig) -> str:
+    return f"tcp://{parallel_config.master_addr}:{parallel_config.master_port + 2}"
+
+
+def rank_identity(rank: int) -> bytes:
+    return f"rank{rank}".encode()
+
+
+def encode_reply(rank: int, result=None, error: str | None = None) -> bytes:
+    """A rank's answer; a result msgpack cannot carry becomes an error naming its type."""
+    try:
+        return msgspec.msgpack.encode({"rank": rank, "result": result, "error": error})
+    except TypeError:
+        message = f"its result, a {type(result).__name__}, has no msgpack form"
+        return msgspec.msgpack.encode({"rank": rank, "result": None, "error": message})
+
+
+def decode_reply(frame: bytes) -> dict:
+    return msgspec.msgpack.decode(frame)
+
+
+def _die(message: str) -> None:
+    """Ends the process at once: its main thread may be stuck in a collective."""
+    logger.error("%s", message)
+    os._exit(1)
+
+
+class HeartbeatServer:
+    """Rank 0's side: answers pings and watches that every other rank keeps pinging."""
+
+    def __init__(self, context: zmq.Context, parallel_config: ParallelConfig, on_failure: Callable[[str], None] = _die):
+        self.socket = context.socket(zmq.ROUTER)
+        self.socket.bind(heartbeat_address(parallel_config))
+        self.nnodes = parallel_config.nnodes
+        deadline = time.monotonic() + STARTUP_GRACE_S
+        self.last_seen = {rank_identity(rank): deadline for rank in range(1, self.nnodes)}
+        self.on_failure = on_failure
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="vjx-heartbeat")
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopped.is_set():
+            if self.socket.poll(int(HEARTBEAT_INTERVAL_S * 1000)):
+                identity, message = self.socket.recv_multipart()
+                if identity in self.last_seen and message == _PING:
+                    self.last_seen[identity] = max(self.last_seen[identity], time.monotonic())
+                    self.socket.send_multipart([identity, _PONG])
+            now = time.monotonic()
+            for identity, seen in self.last_seen.items():
+                if now - seen > HEARTBEAT_TIMEOUT_S and not self.stopped.is_set():
+                    self.stopped.set()
+                    self.on_failure(
+                        f"{identity.decode()} of {self.nnodes} processes stopped answering for "
+                        f"{HEARTBEAT_TIMEOUT_S:.0f} s (its process died or its host is unreachable); the engine stops."
+                    )
+        self.socket.close(linger=0)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join()
+
+
+class HeartbeatClient:
+    """Another rank's side: pings rank 0 and ends this process when rank 0 stops answering."""
+
+    def __init__(self, context: zmq.Context, parallel_config: ParallelConfig, on_failure: Callable[[str], None] = _die):
+        self.socket = context.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.IDENTITY, rank_identity(parallel_config.node_rank))
+        self.socket.connect(heartbeat_address(parallel_config))
+        self.on_failure = on_failure
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="vjx-heartbeat")
+        self.thread.start()
+
+    def _run(self) -> None:
+        # Rank 0 binds its end once its engine starts building: the first pong may take a while.
+        last_pong = time.monotonic() + STARTUP_GRACE_S - HEARTBEAT_TIMEOUT_S
+        while not self.stopped.is_set():
+            try:
+                self.socket.send(_PING, zmq.NOBLOCK)
+            except zmq.Again:
+                pass  # not connected (yet, or any more): the missing pongs tell
+            deadline = time.monotonic() + HEARTBEAT_INTERVAL_S
+            while (left := deadline - time.monotonic()) > 0:
+                if self.socket.poll(int(left * 1000)) and self.socket.recv() == _PONG:
+                    last_pong = time.monotonic()
+            if time.monotonic() - last_pong > HEARTBEAT_TIMEOUT_S and not self.stopped.is_set():
+                self.stopped.set()
+                self.on_failure(f"rank 0 stopped answering for {HEARTBEAT_TIMEOUT_S:.0f} s; this process ends.")
+        self.socket.close(linger=0)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join()
