@@ -11,7 +11,7 @@ SERVE_ARGS ?=
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e ".[test,serve]"
+	$(VENV)/bin/pip install -q -e ".[test,serve,ray]"
 	touch $(STAMP)
 
 serve: $(STAMP)

@@ -53,7 +53,7 @@ _MULTI_NODE_ENV = {
     "master_port": "VJX_MASTER_PORT",
 }
 """The environment's form of each multi-node flag, read when the flag is left at its default."""
-_EXECUTOR_BACKENDS = ("uni", "mp")
+_EXECUTOR_BACKENDS = ("uni", "mp", "ray")
 _NONE_IS_DEFAULT = ("block_size", "max_num_seqs", "enable_prefix_caching", "enable_chunked_prefill")
 
 
@@ -178,8 +178,9 @@ class EngineArgs(VllmCompatArgs):
     distributed_executor_backend: str | None = _field(
         None,
         "How the engine reaches its devices: 'uni' (this process drives them all; the default on one "
-        "host) or 'mp' (one process per host joined by jax.distributed; the default when nnodes > 1). "
-        "'ray' is not built yet.",
+        "host), 'mp' (one process per host joined by jax.distributed, the others started with `vjx serve "
+        "--headless`; the default when nnodes > 1) or 'ray' (as 'mp', the other hosts' processes started "
+        "as actors of the running Ray cluster; needs the [ray] extra).",
     )
     nnodes: int = _field(
         1,
@@ -236,7 +237,7 @@ class EngineArgs(VllmCompatArgs):
         if self.distributed_executor_backend not in (None, *_EXECUTOR_BACKENDS):
             raise ValueError(
                 f"distributed_executor_backend={self.distributed_executor_backend!r} is not supported by vjx: "
-                f"the backends built are {list(_EXECUTOR_BACKENDS)} ('ray' is not built yet)."
+                f"the backends built are {list(_EXECUTOR_BACKENDS)}."
             )
         if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(
@@ -472,6 +473,8 @@ class EngineArgs(VllmCompatArgs):
             raise ValueError(
                 f"master_port must be in [1, 65533] (vjx takes the next two ports too), got {self.master_port}."
             )
+        if self.distributed_executor_backend == "ray":
+            self._verify_ray()
         if self.nnodes == 1:
             return
         if self.distributed_executor_backend == "uni":
@@ -485,6 +488,15 @@ class EngineArgs(VllmCompatArgs):
             )
         if self.multiprocess is False:
             raise ValueError(f"multiprocess=False with nnodes={self.nnodes}: rank 0's engine runs in its own process.")
+
+    def _verify_ray(self) -> None:
+        if importlib.util.find_spec("ray") is None:
+            raise ValueError("distributed_executor_backend='ray' needs Ray: pip install 'vjx[ray]'.")
+        if self.tensor_parallel_size % self.nnodes:
+            raise ValueError(
+                f"distributed_executor_backend='ray' gives each of nnodes={self.nnodes} hosts the same "
+                f"number of devices: tensor_parallel_size must be a multiple of it, got {self.tensor_parallel_size}."
+            )
 
     def _multiprocess(self) -> bool:
         if self.nnodes > 1:

@@ -97,6 +97,12 @@ def setup_engine_process(cache_options: dict, visible_devices: str | None) -> No
     setup_process()
 
 
+def environment(name: str) -> str | None:
+    """One variable of this process's environment (for a process started elsewhere, e.g. a
+    Ray actor, to start with)."""
+    return os.environ.get(name)
+
+
 def xla_flags() -> str:
     """The XLA flags of this process (they shape every compiled program)."""
     return os.environ.get("XLA_FLAGS", "")

@@ -106,7 +106,10 @@ def test_unsupported_fields_raise_naming_the_field(name):
         ({"enable_lora": True}, "enable_lora=True is not supported by vjx"),
         ({"speculative_config": {"method": "ngram"}}, "speculative_config={'method': 'ngram'} is not supported"),
         ({"kv_transfer_config": {"kv_connector": "x"}}, "kv_transfer_config={'kv_connector': 'x'} is not supported"),
-        ({"distributed_executor_backend": "ray"}, "distributed_executor_backend='ray' is not supported"),
+        (
+            {"distributed_executor_backend": "external_launcher"},
+            "distributed_executor_backend='external_launcher' is not supported",
+        ),
     ],
 )
 def test_well_known_unsupported_arguments(kwargs, message):

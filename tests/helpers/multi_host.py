@@ -2,7 +2,9 @@
 own (this module's `main`), the other ranks are `vjx serve --headless`. Each process sees its
 own CPU devices (`--xla_force_host_platform_device_count`) and they talk over gloo.
 
-`python -m tests.helpers.multi_host MODEL NNODES TP MASTER_PORT MODE` runs rank 0. It prints,
+`python -m tests.helpers.multi_host MODEL NNODES TP MASTER_PORT MODE BACKEND` runs rank 0
+(BACKEND "mp": the other ranks are started apart; "ray": it starts them on the Ray cluster
+that is running). It prints,
 each line behind "vjx-test ", "ready" once the engine is up, then, for MODE "tokens", one
 JSON line of greedy token ids; for MODE "kill", it generates until the engine dies and
 prints "dead: <error>".
@@ -50,8 +52,10 @@ def rank_env(devices_per_process: int) -> dict[str, str]:
     return env
 
 
-def start_rank0(model: str, nnodes: int, tp: int, port: int, mode: str, devices: int) -> subprocess.Popen:
-    command = [sys.executable, "-m", "tests.helpers.multi_host", model, str(nnodes), str(tp), str(port), mode]
+def start_rank0(
+    model: str, nnodes: int, tp: int, port: int, mode: str, devices: int, backend: str = "mp"
+) -> subprocess.Popen:
+    command = [sys.executable, "-m", "tests.helpers.multi_host", model, str(nnodes), str(tp), str(port), mode, backend]
     return subprocess.Popen(
         command, cwd=ROOT, env=rank_env(devices), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -98,8 +102,16 @@ def main() -> None:
     from vjx import LLM, SamplingParams
     from vjx.engine.exceptions import EngineDeadError
 
-    model, nnodes, tp, port, mode = sys.argv[1], *map(int, sys.argv[2:5]), sys.argv[5]
-    llm = LLM(model, tensor_parallel_size=tp, nnodes=nnodes, master_port=port, seed=0, **ENGINE_ARGS)
+    model, nnodes, tp, port, mode, backend = sys.argv[1], *map(int, sys.argv[2:5]), *sys.argv[5:7]
+    llm = LLM(
+        model,
+        tensor_parallel_size=tp,
+        nnodes=nnodes,
+        master_port=port,
+        distributed_executor_backend=backend,
+        seed=0,
+        **ENGINE_ARGS,
+    )
     print(_PREFIX + "ready", flush=True)
     if mode == "tokens":
         outputs = llm.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, temperature=0), use_tqdm=False)

@@ -48,6 +48,21 @@ def test_tensor_parallel_across_processes_gives_single_process_tokens(model, sin
     assert tokens == single_process_tokens
 
 
+def test_ray_executor_gives_single_process_tokens(model, single_process_tokens):
+    """Rank 0 starts rank 1 as an actor of a local Ray cluster (this test's), each rank with
+    two CPU devices."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="warning")
+    rank0 = multi_host.start_rank0(model, 2, 4, multi_host.free_ports(), "tokens", devices=2, backend="ray")
+    try:
+        assert multi_host.read_line(rank0) == "ready"
+        assert json.loads(multi_host.read_line(rank0)) == single_process_tokens
+        assert rank0.wait(60) == 0
+    finally:
+        multi_host.stop(rank0)
+        ray.shutdown()
+
+
 def test_killing_a_rank_ends_the_engine_with_engine_dead_error(model):
     # The programs of the two-process test above: they load from the compilation caches.
     port = multi_host.free_ports()

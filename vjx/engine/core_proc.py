@@ -112,6 +112,10 @@ def run_engine_core(
     try:
         process_setup.setup_engine_process(cache_options, placement.visible_devices)
         engine_args = serial.decode_dataclass(engine_args_bytes, EngineArgs)
+        if engine_args.distributed_executor_backend == "ray" and engine_args.nnodes > 1:
+            from vjx.executor.ray_utils import initialize_ray_cluster
+
+            engine_args = initialize_ray_cluster(engine_args)
         jax_distributed.initialize(engine_args.create_parallel_config())
         config = _replica_config(engine_args, placement)
         engine_core = EngineCore(config)

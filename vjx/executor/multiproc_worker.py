@@ -77,9 +77,10 @@ class WorkerProc:
         return channel.encode_reply(self.rank, result)
 
 
-def run_worker(parallel_config: ParallelConfig) -> None:
-    """The entry point of rank `parallel_config.node_rank` > 0 (`vjx serve --headless`)."""
-    process_setup.setup_process()
+def run_worker(parallel_config: ParallelConfig, cache_options: dict | None = None) -> None:
+    """The entry point of rank `parallel_config.node_rank` > 0 (`vjx serve --headless`, or a
+    Ray actor); `cache_options` are rank 0's compilation cache options (default: vjx's)."""
+    process_setup.setup_engine_process(cache_options or {}, None)
     jax_distributed.initialize(parallel_config)
     try:
         proc = WorkerProc(parallel_config)
