@@ -4,10 +4,9 @@ own CPU devices (`--xla_force_host_platform_device_count`) and they talk over gl
 
 `python -m tests.helpers.multi_host MODEL NNODES TP MASTER_PORT MODE BACKEND` runs rank 0
 (BACKEND "mp": the other ranks are started apart; "ray": it starts them on the Ray cluster
-that is running). It prints,
-each line behind "vjx-test ", "ready" once the engine is up, then, for MODE "tokens", one
-JSON line of greedy token ids; for MODE "kill", it generates until the engine dies and
-prints "dead: <error>".
+that is running). It prints, each line behind "vjx-test ", "ready" once the engine is up,
+then one JSON line of greedy token ids; then for MODE "tokens" it exits, for MODE "kill" it
+generates until the engine dies and prints "dead: <error>".
 """
 
 import json
@@ -113,9 +112,9 @@ def main() -> None:
         **ENGINE_ARGS,
     )
     print(_PREFIX + "ready", flush=True)
+    outputs = llm.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, temperature=0), use_tqdm=False)
+    print(_PREFIX + json.dumps([output.outputs[0].token_ids for output in outputs]), flush=True)
     if mode == "tokens":
-        outputs = llm.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, temperature=0), use_tqdm=False)
-        print(_PREFIX + json.dumps([output.outputs[0].token_ids for output in outputs]), flush=True)
         return
     params = SamplingParams(max_tokens=100, temperature=0, ignore_eos=True)
     try:
