@@ -124,6 +124,9 @@ class ParallelConfig:
     enable_expert_parallel: bool = False
     """MoE layers put whole experts on each of the replica's devices instead of splitting
     every expert's width over them (vLLM's flag)."""
+    pipeline_parallel_size: int = 1
+    """Stages the layers are split into, in order, each on its own `tensor_parallel_size`
+    devices (vjx/sharding/pipeline.py)."""
     nnodes: int = 1
     """Processes (one per host) whose devices form the mesh, joined by `jax.distributed`."""
     node_rank: int = 0

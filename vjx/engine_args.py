@@ -24,6 +24,7 @@ from vjx.models.registry import verify_tensor_parallel
 from vjx.quantization import QUANTIZATION_METHODS, get_quantization_config
 from vjx.sampling_params import SamplingParams
 from vjx.sharding.mesh import device_groups
+from vjx.sharding.pipeline import stage_layer_ranges
 from vjx.utils.argparse_utils import flag_kwargs, json_object
 
 logger = logging.getLogger(__name__)
@@ -165,6 +166,11 @@ class EngineArgs(VllmCompatArgs):
         "Devices each engine replica splits the model over (attention heads, "
         "MLP width and vocabulary); must divide the head count.",
     )
+    pipeline_parallel_size: int = _field(
+        1,
+        "Pipeline stages each engine replica splits the layers into, each on its own "
+        "tensor_parallel_size devices; at most the model's layer count.",
+    )
     data_parallel_size: int = _field(
         1,
         "Engine replicas, each on its own tensor_parallel_size devices with its "
@@ -286,7 +292,8 @@ class EngineArgs(VllmCompatArgs):
             quantization=self.quantization,
         )
         _verify_generation_config(model_config)
-        get_quantization_config(self.quantization, hf_config)
+        quant_config = get_quantization_config(self.quantization, hf_config)
+        self._verify_pipeline(hf_config.get_text_config(), quant_config)
         parallel_config = self.create_parallel_config()
         if self.node_rank > 0:
             raise ValueError(
@@ -321,6 +328,7 @@ class EngineArgs(VllmCompatArgs):
         self._verify_multi_node()
         return ParallelConfig(
             tensor_parallel_size=self.tensor_parallel_size,
+            pipeline_parallel_size=self.pipeline_parallel_size,
             data_parallel_size=self.data_parallel_size,
             enable_expert_parallel=self.enable_expert_parallel,
             nnodes=self.nnodes,
@@ -488,6 +496,21 @@ class EngineArgs(VllmCompatArgs):
             )
         if self.multiprocess is False:
             raise ValueError(f"multiprocess=False with nnodes={self.nnodes}: rank 0's engine runs in its own process.")
+
+    def _verify_pipeline(self, hf_text_config, quant_config) -> None:
+        if self.pipeline_parallel_size == 1:
+            return
+        stage_layer_ranges(hf_text_config.num_hidden_layers, self.pipeline_parallel_size)
+        if quant_config is not None:
+            raise ValueError(
+                f"pipeline_parallel_size={self.pipeline_parallel_size} with a quantized model "
+                f"({quant_config.get_name()}) is not built yet; use pipeline_parallel_size=1."
+            )
+        if self.nnodes > 1:
+            raise ValueError(
+                f"pipeline_parallel_size={self.pipeline_parallel_size} over nnodes={self.nnodes} hosts "
+                "is not built yet."
+            )
 
     def _verify_ray(self) -> None:
         if importlib.util.find_spec("ray") is None:

@@ -101,7 +101,7 @@ def test_unsupported_fields_raise_naming_the_field(name):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"pipeline_parallel_size": 2}, "pipeline_parallel_size=2 is not supported by vjx"),
+        ({"decode_context_parallel_size": 2}, "decode_context_parallel_size=2 is not supported by vjx"),
         ({"quantization": "bitsandbytes"}, "quantization='bitsandbytes' is not supported by vjx"),
         ({"enable_lora": True}, "enable_lora=True is not supported by vjx"),
         ({"speculative_config": {"method": "ngram"}}, "speculative_config={'method': 'ngram'} is not supported"),

@@ -74,8 +74,8 @@ def test_the_model_is_positional_or_a_flag():
 def test_engine_args_from_the_command_line_log_or_refuse(capsys):
     args = EngineArgs.from_cli_args(_parse_args(["serve", "org/model", "-tp", "2", "-O3", "--enforce-eager"]))
     assert (args.tensor_parallel_size, args.optimization_level, args.enforce_eager) == (2, 3, True)
-    assert main(["serve", "org/model", "-pp", "2"]) == 2
-    assert "pipeline_parallel_size=2 is not supported by vjx" in capsys.readouterr().err
+    assert main(["serve", "org/model", "--decode-context-parallel-size", "2"]) == 2
+    assert "decode_context_parallel_size=2 is not supported by vjx" in capsys.readouterr().err
 
 
 def test_server_flags_stay_the_servers():

@@ -32,8 +32,10 @@ def test_replica_meshes_take_consecutive_device_groups():
 
 
 def test_more_devices_than_exist_is_a_value_error():
-    with pytest.raises(ValueError, match=r"4 x 4 = 16 devices, but only 8 are available"):
+    with pytest.raises(ValueError, match=r"4 x 1 x 4 = 16 devices, but only 8 are available"):
         device_groups(ParallelConfig(tensor_parallel_size=4, data_parallel_size=4))
+    with pytest.raises(ValueError, match=r"2 x 4 x 2 = 16 devices, but only 8 are available"):
+        device_groups(ParallelConfig(tensor_parallel_size=2, data_parallel_size=2, pipeline_parallel_size=4))
     with pytest.raises(ValueError, match=r"data_parallel_rank must be in \[0, 1\], got 2"):
         make_mesh(ParallelConfig(data_parallel_size=2, data_parallel_rank=2))
 

@@ -94,7 +94,7 @@ VLLM_ARGS: tuple[VllmArg, ...] = tuple(
         ("max_cudagraph_capture_size", None, "int", NO_EFFECT, _COMPILE),
         ("ir_op_priority", None, "json", NO_EFFECT, _KERNELS),
         ("distributed_executor_backend", None, "str", VJX, ""),
-        ("pipeline_parallel_size", 1, "int", UNSUPPORTED, "pipeline parallelism is not built yet"),
+        ("pipeline_parallel_size", 1, "int", VJX, ""),
         ("master_addr", "127.0.0.1", "str", VJX, ""),
         ("master_port", 29501, "int", VJX, ""),
         ("nnodes", 1, "int", VJX, ""),

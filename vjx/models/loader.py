@@ -21,7 +21,7 @@ import functools
 import json
 import pathlib
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +37,7 @@ from vjx.models.layers.param import HFParamLayer, logical_axes_of
 from vjx.models.registry import get_model_class
 from vjx.quantization import QuantizationConfig, get_quantization_config
 from vjx.sharding.mesh import model_axis_size
+from vjx.sharding.pipeline import param_stages, stage_layer_ranges
 from vjx.sharding.placement import kv_head_replicas, place, repeat_kv_heads
 from vjx.sharding.rules import logical_sharding
 
@@ -75,11 +76,17 @@ class _ParamSlot:
 
 @dataclasses.dataclass(frozen=True)
 class _Placement:
-    """Where a param's value lives: its sharding and how often its KV heads repeat."""
+    """Where a param's value lives: its sharding and how often its KV heads repeat. With
+    pipeline stages, on the mesh of the first stage that holds it (vjx/sharding/pipeline.py)."""
 
     mesh: Mesh | None
+    stage_meshes: tuple[Mesh, ...] = ()
+    layer_ranges: tuple[range, ...] = ()
 
-    def sharding(self, param: nnx.Param) -> Sharding:
+    def sharding(self, param: nnx.Param, name: str = "") -> Sharding:
+        if len(self.stage_meshes) > 1:
+            stage = param_stages(name, list(self.layer_ranges), is_tied=False)[0]
+            return logical_sharding(self.stage_meshes[stage], logical_axes_of(param))
         return self.sharding_of(logical_axes_of(param))
 
     def sharding_of(self, logical_axes: tuple[str | None, ...]) -> Sharding:
@@ -111,9 +118,11 @@ def get_model(
     *,
     mesh: Mesh | None = None,
     enable_expert_parallel: bool = False,
+    stage_meshes: Sequence[Mesh] = (),
 ) -> nnx.Module:
     """The model of `model_config` with its weights on the device (or spread over `mesh`,
-    whole experts per device with `enable_expert_parallel`)."""
+    whole experts per device with `enable_expert_parallel`); with several `stage_meshes`,
+    each layer's params on its pipeline stage's mesh."""
     if model_config.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {model_config.dtype!r}.")
     if model_config.load_format not in LOAD_FORMATS:
@@ -133,7 +142,7 @@ def get_model(
     quant_config = get_quantization_config(model_config.quantization, model_config.hf_config)
     quantized = _set_quant_methods(model, quant_config) if quant_config is not None else []
     slots = _param_slots(model)
-    placement = _Placement(mesh)
+    placement = _Placement(mesh, tuple(stage_meshes), tuple(_stage_layer_ranges(model, len(stage_meshes))))
     if model_config.load_format == "dummy":
         _fill_dummy(slots, model_config.seed, placement)
     else:
@@ -143,6 +152,12 @@ def get_model(
     for layer in quantized:
         layer.quant_method.process_weights_after_loading(layer, placement.sharding_of)
     return model
+
+
+def _stage_layer_ranges(model: nnx.Module, num_stages: int) -> list[range]:
+    if num_stages <= 1:
+        return []
+    return stage_layer_ranges(len(model.model.layers), num_stages)
 
 
 def _set_quant_methods(model: nnx.Module, quant_config: QuantizationConfig) -> list[Linear | FusedMoE]:
@@ -186,7 +201,7 @@ def _fill_dummy(slots: dict[str, _ParamSlot], seed: int, placement: _Placement) 
         make = _dummy_fn(
             param.shape,
             param.dtype,
-            placement.sharding(param),
+            placement.sharding(param, name),
             logical_axes_of(param),
             placement.kv_head_replicas(param),
         )
@@ -281,12 +296,12 @@ def _fill_param(slot: _ParamSlot, parts: list[tuple[str, np.ndarray]], placement
             raise ValueError(f"tensors with shapes {shapes} do not fit {slot.attr}: {error}") from None
         value = None
     if unset:
-        param.set_value(place(value, value.dtype, placement.sharding(param)))
+        param.set_value(place(value, value.dtype, placement.sharding(param, parts[0][0])))
         return
     if value is None or value.shape != param.shape:
         raise ValueError(f"tensors with shapes {shapes} do not fit the param's shape {param.shape}.")
     value = repeat_kv_heads(value, logical_axes_of(param), placement.kv_head_replicas(param))
-    param.set_value(place(value, param.dtype, placement.sharding(param)))
+    param.set_value(place(value, param.dtype, placement.sharding(param, parts[0][0])))
 
 
 def _safetensors_files(directory: pathlib.Path) -> list[pathlib.Path]:

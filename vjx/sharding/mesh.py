@@ -21,29 +21,44 @@ MESH_AXES = ("data", "model")
 
 def device_groups(parallel_config: ParallelConfig, devices: Sequence | None = None) -> list[list]:
     """The devices of each data-parallel replica: `data_parallel_size` disjoint groups of
-    `tensor_parallel_size` devices, taken in order from `devices` (default: `jax.devices()`)."""
+    `pipeline_parallel_size` x `tensor_parallel_size` devices (stage by stage), taken in order
+    from `devices` (default: `jax.devices()`)."""
     devices = list(jax.devices() if devices is None else devices)
-    tp, dp = parallel_config.tensor_parallel_size, parallel_config.data_parallel_size
-    if tp < 1 or dp < 1:
-        raise ValueError(f"tensor_parallel_size and data_parallel_size must be >= 1, got {tp} and {dp}.")
-    if tp * dp > len(devices):
+    tp, pp, dp = (
+        parallel_config.tensor_parallel_size,
+        parallel_config.pipeline_parallel_size,
+        parallel_config.data_parallel_size,
+    )
+    if min(tp, pp, dp) < 1:
         raise ValueError(
-            f"tensor_parallel_size x data_parallel_size = {tp} x {dp} = {tp * dp} devices, "
-            f"but only {len(devices)} are available; use at most {len(devices)}."
+            f"tensor_parallel_size, pipeline_parallel_size and data_parallel_size must be >= 1, got {tp}, {pp}, {dp}."
         )
-    return [devices[rank * tp : (rank + 1) * tp] for rank in range(dp)]
+    size = tp * pp
+    if size * dp > len(devices):
+        raise ValueError(
+            f"tensor_parallel_size x pipeline_parallel_size x data_parallel_size = {tp} x {pp} x {dp} = "
+            f"{size * dp} devices, but only {len(devices)} are available; use at most {len(devices)}."
+        )
+    return [devices[rank * size : (rank + 1) * size] for rank in range(dp)]
 
 
 def make_mesh(parallel_config: ParallelConfig, devices: Sequence | None = None) -> Mesh:
-    """The mesh of replica `parallel_config.data_parallel_rank`: shape (1, tensor_parallel_size)."""
+    """The mesh of replica `parallel_config.data_parallel_rank`: shape (1, tensor_parallel_size)
+    (with pipeline stages, the first stage's; see `make_stage_meshes`)."""
+    return make_stage_meshes(parallel_config, devices)[0]
+
+
+def make_stage_meshes(parallel_config: ParallelConfig, devices: Sequence | None = None) -> list[Mesh]:
+    """One mesh per pipeline stage of replica `parallel_config.data_parallel_rank`, each of
+    shape (1, tensor_parallel_size), on consecutive devices of the replica's group."""
     groups = device_groups(parallel_config, devices)
     rank = parallel_config.data_parallel_rank
     if not 0 <= rank < len(groups):
         raise ValueError(f"data_parallel_rank must be in [0, {len(groups) - 1}], got {rank}.")
     # Auto axes: XLA propagates shardings from the params and the few constraints the model
     # sets, as the rules table intends (Explicit axes would demand a spec for every op).
-    devices = np.asarray(groups[rank], dtype=object).reshape(1, -1)
-    return Mesh(devices, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+    stages = np.asarray(groups[rank], dtype=object).reshape(parallel_config.pipeline_parallel_size, 1, -1)
+    return [Mesh(stage, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES)) for stage in stages]
 
 
 def model_axis_size(mesh: Mesh | None) -> int:

@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import os
 import time
+from collections.abc import Sequence
 
 import jax
 import numpy as np
@@ -25,9 +26,11 @@ from vjx.config import VjxConfig
 from vjx.core.sched.output import CachedRequestData, SchedulerOutput
 from vjx.kv_cache_interface import KVCacheConfig
 from vjx.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
+from vjx.sharding.pipeline import stage_layer_ranges
 from vjx.sharding.placement import filled, put_replicated
 from vjx.worker.compile_watch import CompileWatch
 from vjx.worker.input_batch import CachedRequestState, InputBatch
+from vjx.worker.pipeline_step import PipelinePlan, compile_pipeline_step, make_pipeline_plan
 from vjx.worker.slot_tables import SlotTables
 from vjx.worker.step import compile_step
 from vjx.worker.step_inputs import has_logit_bias, min_tokens_stop_ids
@@ -54,10 +57,12 @@ class ModelRunner:
         kv_caches: dict[str, jax.Array],
         mesh: Mesh,
         kv_cache_config: KVCacheConfig,
+        stage_meshes: Sequence[Mesh] = (),
     ):
         """`kv_caches`: one array per layer name, in model order, in the attention backend's
         layout, on `mesh`; `kv_cache_config` groups the layers, each group with its own block
-        table."""
+        table. With several `stage_meshes` (pipeline stages) the params and each layer's cache
+        are on their stage's mesh, and `mesh` is the last stage's."""
         sched = config.scheduler_config
         self.mesh = mesh
         self.replicated = NamedSharding(mesh, PartitionSpec())
@@ -73,6 +78,7 @@ class ModelRunner:
         self.slot_tables = SlotTables(self.max_num_reqs, config.model_config.hf_text_config.vocab_size, self.replicated)
         self.graphdef, state = nnx.split(model)
         self.param_leaves, self.treedef = jax.tree.flatten(state)
+        self.plan = self._plan_pipeline(model, state, stage_meshes)
         self.layouts = {
             t: StepLayout(
                 t,
@@ -102,6 +108,16 @@ class ModelRunner:
         self._failed_req_ids: set[str] = set()
         """Requests that failed to enter the batch, until the scheduler reports them finished."""
 
+    def _plan_pipeline(self, model: nnx.Module, state, stage_meshes: Sequence[Mesh]) -> PipelinePlan | None:
+        """With several stages: their plan; the stage copies of leaves join `param_leaves`."""
+        if len(stage_meshes) <= 1:
+            return None
+        layer_ranges = stage_layer_ranges(len(self.kv_caches), len(stage_meshes))
+        is_tied = model.lm_head is None
+        plan, copies = make_pipeline_plan(state, self.param_leaves, stage_meshes, layer_ranges, is_tied)
+        self.param_leaves += copies
+        return plan
+
     def compile_or_warm_up_model(self, executable_cache=None) -> float:
         """Compiles both variants of every bucket's step ahead of the first request, side by
         side in threads (XLA compiles and executable loads run outside the GIL; tracing does
@@ -122,9 +138,13 @@ class ModelRunner:
         state = (self.param_leaves, self.kv_caches, self.history, self.slot_tables.arrays)
 
         def compile_fn():
+            if self.plan is not None:
+                return compile_pipeline_step(
+                    layout, self.layer_group_ids, self.graphdef, self.treedef, *state, self.plan
+                )
             return compile_step(layout, self.layer_group_ids, self.graphdef, self.treedef, *state, self.mesh)
 
-        if executable_cache is None:
+        if executable_cache is None or self.plan is not None:
             return compile_fn()
         return executable_cache.get_or_compile(repr(layout), state, compile_fn)
 

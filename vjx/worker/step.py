@@ -138,19 +138,36 @@ def model_step(
     `prev_sampled`) the same shape.
     """
     f = layout.unpack(packed)
-    prev_index = f["prev_sampled_index"]
-    input_ids = jnp.where(prev_index >= 0, prev_sampled[jnp.maximum(prev_index, 0)], f["input_ids"])
-    history = history.at[f["token_slots"], f["positions"]].set(input_ids, mode="drop")
+    input_ids = step_input_ids(f, prev_sampled)
     model = nnx.merge(graphdef, jax.tree.unflatten(treedef, param_leaves))
-    group_metadata = layout.table.attention_metadata(f, layout.num_kv_cache_groups)
-    attn_metadata = [group_metadata[g] for g in layer_group_ids]
+    attn_metadata = layer_attention_metadata(layout, layer_group_ids, f)
     hidden, kv_caches = model(input_ids, f["positions"], kv_caches, attn_metadata)
+    return kv_caches, *sample_step(layout, model, f, hidden, input_ids, history, slot_tables, grammar_bans)
+
+
+def step_input_ids(f: dict[str, Array], prev_sampled: Int[Array, " MR"]) -> Int[Array, " T"]:
+    """The step's token ids: the packed ones, or the previous step's samples still on the device."""
+    prev_index = f["prev_sampled_index"]
+    return jnp.where(prev_index >= 0, prev_sampled[jnp.maximum(prev_index, 0)], f["input_ids"])
+
+
+def layer_attention_metadata(layout: StepLayout, layer_group_ids: tuple[int, ...], f: dict[str, Array]) -> list:
+    """Each layer's attention metadata: its KV cache group's."""
+    group_metadata = layout.table.attention_metadata(f, layout.num_kv_cache_groups)
+    return [group_metadata[g] for g in layer_group_ids]
+
+
+def sample_step(layout: StepLayout, model, f, hidden, input_ids, history, slot_tables, grammar_bans):
+    """After the last layer: the history gets the step's tokens, then the final norm's hidden
+    states become logits, one sampled token per row (padded to MR rows) and the logprobs.
+    Returns (history, sampled, logprobs, prompt_logprobs)."""
+    history = history.at[f["token_slots"], f["positions"]].set(input_ids, mode="drop")
     logits = _logits(model, hidden[f["logits_indices"]])
     sampled = sample(logits, _sampling_metadata(layout, f, history, slot_tables, grammar_bans))
     logprobs = _sample_logprobs(layout, logits, sampled, f["num_logprobs"])
     prompt_logprobs = _prompt_logprobs(layout, model, hidden, f["prompt_logprobs_targets"])
     sampled = jnp.pad(sampled, (0, layout.max_num_reqs - layout.num_reqs))
-    return kv_caches, history, sampled, logprobs, prompt_logprobs
+    return history, sampled, logprobs, prompt_logprobs
 
 
 def compile_step(

@@ -30,7 +30,8 @@ from vjx.kv_cache_interface import (
 )
 from vjx.models.loader import get_model
 from vjx.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
-from vjx.sharding.mesh import make_mesh
+from vjx.sharding.mesh import make_stage_meshes
+from vjx.sharding.pipeline import stage_layer_ranges
 from vjx.sharding.placement import filled, num_cache_kv_heads
 from vjx.sharding.rules import logical_sharding
 from vjx.worker.executable_cache import ExecutableCache
@@ -48,20 +49,28 @@ class Worker:
 
     def __init__(self, config: VjxConfig):
         self.config = config
-        self.mesh = make_mesh(config.parallel_config)
+        # With pipeline stages, `mesh` (the step's replicated state, sampling) is the last's.
+        self.stage_meshes = make_stage_meshes(config.parallel_config)
+        self.mesh = self.stage_meshes[-1]
         self.backend = get_attention_backend(config.attention_backend)
         start = time.perf_counter()
         self.model = get_model(
             config.model_config,
             ShardedBackend(self.backend),
-            mesh=self.mesh,
+            mesh=self.stage_meshes[0],
             enable_expert_parallel=config.parallel_config.enable_expert_parallel,
+            stage_meshes=self.stage_meshes,
         )
         self.load_time = time.perf_counter() - start
         logger.info("loaded %s in %.1f s on %d device(s)", config.model_config.model, self.load_time, self.mesh.size)
         self.kv_cache_specs = self.get_kv_cache_spec()
         self.kv_cache_groups = get_kv_cache_groups(self.kv_cache_specs)
-        self.kv_cache_sharding = logical_sharding(self.mesh, self.backend.kv_cache_axes)
+        self.layer_ranges = stage_layer_ranges(len(self.kv_cache_specs), len(self.stage_meshes))
+        self.kv_cache_shardings = [
+            logical_sharding(self.stage_meshes[stage], self.backend.kv_cache_axes)
+            for stage, layers in enumerate(self.layer_ranges)
+            for _ in layers
+        ]
         self.model_runner: ModelRunner | None = None
         self.kv_cache_config: KVCacheConfig | None = None
         self.host_weights: list[np.ndarray] | None = None
@@ -91,11 +100,14 @@ class Worker:
         return self.backend.kv_cache_shape(num_blocks, spec.block_size, spec.num_kv_heads, spec.head_size)
 
     def get_kv_block_bytes(self) -> int:
-        """Bytes one KV block id takes over all layers, on one device (its share of the heads)."""
-        total = 0
-        for spec in self.kv_cache_specs.values():
-            total += self._kv_dtype.itemsize * math.prod(self._kv_cache_shape(spec, 1))
-        return total // self.mesh.size
+        """Bytes one KV block id takes on the fullest device: its stage's layers, its share of
+        their heads."""
+        specs = list(self.kv_cache_specs.values())
+        per_stage = [
+            sum(self._kv_dtype.itemsize * math.prod(self._kv_cache_shape(specs[i], 1)) for i in layers)
+            for layers in self.layer_ranges
+        ]
+        return max(per_stage) // self.mesh.size
 
     def determine_kv_cache_config(self) -> KVCacheConfig:
         """The layers grouped by spec, and as many blocks as the memory left holds."""
@@ -109,7 +121,7 @@ class Worker:
         if cache_config.num_gpu_blocks_override is not None:
             return cache_config.num_gpu_blocks_override
         # This process's devices (over several processes, each sizes its own; rank 0 takes the least).
-        all_stats = [device.memory_stats() for device in self.mesh.local_devices]
+        all_stats = [device.memory_stats() for mesh in self.stage_meshes for device in mesh.local_devices]
         if cache_config.kv_cache_memory_bytes is not None:
             budget = cache_config.kv_cache_memory_bytes
         elif any(stats is None for stats in all_stats):
@@ -141,16 +153,17 @@ class Worker:
         """Scratch memory of the largest step on one device, from XLA's memory analysis of a
         tiny-cache compile."""
         kv_cache_config = KVCacheConfig(2, self.kv_cache_groups)
-        runner = ModelRunner(self.config, self.model, self._allocate_kv_caches(2), self.mesh, kv_cache_config)
+        caches = self._allocate_kv_caches(2)
+        runner = ModelRunner(self.config, self.model, caches, self.mesh, kv_cache_config, self.stage_meshes)
         largest = max(runner.layouts)
         stats = runner.compile_layout(largest, executable_cache=self.executable_cache).memory_analysis()
         return int(stats.temp_size_in_bytes)
 
     def _allocate_kv_caches(self, num_blocks: int) -> dict[str, jax.Array]:
-        """One zeroed cache array per layer, created sharded over KV heads on the mesh."""
+        """One zeroed cache array per layer, created sharded over KV heads on its stage's mesh."""
         return {
-            name: filled(self._kv_cache_shape(spec, num_blocks), self._kv_dtype, 0, self.kv_cache_sharding)
-            for name, spec in self.kv_cache_specs.items()
+            name: filled(self._kv_cache_shape(spec, num_blocks), self._kv_dtype, 0, sharding)
+            for (name, spec), sharding in zip(self.kv_cache_specs.items(), self.kv_cache_shardings, strict=True)
         }
 
     def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
@@ -163,7 +176,7 @@ class Worker:
             len(kv_cache_config.kv_cache_groups),
         )
         self.model_runner = ModelRunner(
-            self.config, self.model, self._allocate_kv_caches(num_blocks), self.mesh, kv_cache_config
+            self.config, self.model, self._allocate_kv_caches(num_blocks), self.mesh, kv_cache_config, self.stage_meshes
         )
 
     def compile_or_warm_up_model(self) -> float:
@@ -210,7 +223,8 @@ class Worker:
         if "weights" in tags and self.host_weights is not None:
             leaves = [jax.device_put(w, s) for w, s in zip(self.host_weights, self.weight_shardings)]
             runner.param_leaves = leaves
-            nnx.update(self.model, jax.tree.unflatten(runner.treedef, leaves))
+            # The model's own leaves (a pipeline's stage copies of a tied embedding follow them).
+            nnx.update(self.model, jax.tree.unflatten(runner.treedef, leaves[: runner.treedef.num_leaves]))
             self.host_weights = None
         if "kv_cache" in tags and runner.kv_caches is None:
             runner.kv_caches = list(self._allocate_kv_caches(self.kv_cache_config.num_blocks).values())

@@ -82,19 +82,35 @@ class DecoderModel(nnx.Module):
         kv_caches: list[Array],
         attn_metadata: list[AttentionMetadata],
     ) -> tuple[Float[Array, "T D"], list[Array]]:
+        x, new_caches = self.run_layers(self.embed(input_ids), positions, kv_caches, attn_metadata)
+        return self.norm(x), new_caches
+
+    def embed(self, input_ids: Int[Array, " T"]) -> Float[Array, "T D"]:
         x = self.embed_tokens(input_ids)
         if self.embed_scale != 1.0:
             # Rounded to the model dtype first, as HF's scaled embeddings do.
             x = x * jnp.asarray(np.float32(self.embed_scale), x.dtype)
         # The residual stream is pinned at every layer boundary (whole on each device under
         # tensor parallelism), so each row-parallel projection ends in one all-reduce.
-        x = constrain(x, ("tokens", "embed"))
+        return constrain(x, ("tokens", "embed"))
+
+    def run_layers(
+        self,
+        x: Float[Array, "T D"],
+        positions: Int[Array, " T"],
+        kv_caches: list[Array],
+        attn_metadata: list[AttentionMetadata],
+        layers: range | None = None,
+    ) -> tuple[Float[Array, "T D"], list[Array]]:
+        """The residual stream through `layers` (default: all; a pipeline stage runs its own),
+        with one KV cache and metadata per layer run."""
+        layers = range(len(self.layers)) if layers is None else layers
         new_caches = []
-        for layer, kv_cache, md in zip(self.layers, kv_caches, attn_metadata, strict=True):
-            x, kv_cache = layer(x, positions, kv_cache, md)
+        for i, kv_cache, md in zip(layers, kv_caches, attn_metadata, strict=True):
+            x, kv_cache = self.layers[i](x, positions, kv_cache, md)
             x = constrain(x, ("tokens", "embed"))
             new_caches.append(kv_cache)
-        return self.norm(x), new_caches
+        return x, new_caches
 
 
 @dataclasses.dataclass(frozen=True)
