@@ -162,6 +162,17 @@ class VjxConfig:
     profile_host: bool = False
     """EngineCore times the host's part of every step and logs it (vjx/engine/step_profiler.py)."""
 
+    @property
+    def num_steps_in_flight(self) -> int:
+        """EngineCore's batch queue: 2 with async scheduling (the same requests, their next
+        tokens still on the device); with pipeline stages and the synchronous scheduler, one
+        per stage (vLLM's batch queue: a request with a step in flight has nothing to
+        schedule, so the steps in flight hold different requests and the stages work on them
+        at once); else 1."""
+        if self.scheduler_config.async_scheduling:
+            return 2
+        return self.parallel_config.pipeline_parallel_size
+
     def for_data_parallel_rank(self, rank: int) -> "VjxConfig":
         """This config for engine replica `rank` (its own device group)."""
         parallel_config = dataclasses.replace(self.parallel_config, data_parallel_rank=rank)

@@ -22,8 +22,6 @@ from vjx.structured_output import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
 
-# Steps in flight with async scheduling: the one the device runs and the one planned next.
-_BATCH_QUEUE_SIZE = 2
 SLEEP_LEVELS = (0, 1, 2)
 PAUSE_MODES = ("abort", "keep")
 WAKE_UP_TAGS = ("weights", "kv_cache", "scheduling")
@@ -60,7 +58,8 @@ class EngineCore:
         self.warmup_time = time.perf_counter() - start
         logger.info("start-up: KV sizing %.2f s, warm-up (compile) %.2f s", self.kv_sizing_time, self.warmup_time)
         self.batch_queue: collections.deque[tuple[SchedulerOutput, AsyncModelRunnerOutput]] = collections.deque()
-        self.step_fn = self.step_with_batch_queue if is_async else self.step
+        self.batch_queue_size = config.num_steps_in_flight
+        self.step_fn = self.step_with_batch_queue if self.batch_queue_size > 1 else self.step
         self.profiler = StepProfiler() if config.profile_host else NullStepProfiler()
         # As vLLM's worker: last in start-up, so loading and compiling draw nothing after it.
         process_setup.set_random_seed(config.model_config.seed, config.parallel_config.data_parallel_rank)
@@ -161,12 +160,12 @@ class EngineCore:
         return self._update(scheduler_output, model_output)
 
     def step_with_batch_queue(self) -> EngineCoreOutputs:
-        """Async scheduling: dispatch step N+1 before waiting for step N's tokens.
+        """Async scheduling or pipeline stages: dispatch step N+1 before waiting for step N's tokens.
 
         Each call dispatches a step when there is work and room in the queue, and returns
         the oldest step's outputs once the queue is full or nothing more can be planned.
         """
-        if self._has_requests() and len(self.batch_queue) < _BATCH_QUEUE_SIZE:
+        if self._has_requests() and len(self.batch_queue) < self.batch_queue_size:
             scheduler_output = self._schedule()
             if self.batch_queue and self.scheduler.has_structured_output_requests(scheduler_output):
                 # Its grammar masks need the tokens of the step in flight: that step ends first.
@@ -174,7 +173,7 @@ class EngineCore:
                 self.batch_queue.append((scheduler_output, self._execute(scheduler_output)))
                 return outputs
             self.batch_queue.append((scheduler_output, self._execute(scheduler_output)))
-            if len(self.batch_queue) < _BATCH_QUEUE_SIZE and scheduler_output.total_num_scheduled_tokens:
+            if len(self.batch_queue) < self.batch_queue_size and scheduler_output.total_num_scheduled_tokens:
                 return EngineCoreOutputs()
         if not self.batch_queue:
             return EngineCoreOutputs()

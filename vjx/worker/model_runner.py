@@ -93,14 +93,18 @@ class ModelRunner:
         }
         self._no_grammar: dict[int, jax.Array] = {}
         """Per request bucket, grammar bans of all zeros on the device (no row constrained)."""
-        # Two host buffers per bucket, used in turn: the CPU backend may alias a numpy array
-        # it was handed, so a buffer is refilled only after the step that read it finished
-        # (EngineCore keeps at most two steps in flight).
-        self._packed = {t: [PackedBuffer(layout) for _ in range(2)] for t, layout in self.layouts.items()}
+        # Host buffers per bucket, used in turn, one per step in flight (at least two): the CPU
+        # backend may alias a numpy array it was handed, so a buffer is refilled only after
+        # the step that read it finished.
+        self._num_buffers = max(2, config.num_steps_in_flight)
+        self._packed = {
+            t: [PackedBuffer(layout) for _ in range(self._num_buffers)] for t, layout in self.layouts.items()
+        }
         self._num_steps = 0
         self._compiled = {}
         self._seed_rng = np.random.default_rng(config.model_config.seed)
         self._last_sampled = filled((self.max_num_reqs,), np.int32, 0, self.replicated)
+        self._no_last_sampled = self._last_sampled
         self._sample_index_by_slot = np.full(self.max_num_reqs, -1, np.int32)
         """Per slot, the index in the last dispatched step's output of the token it samples
         for the slot's request (-1: none)."""
@@ -170,13 +174,16 @@ class ModelRunner:
         if scheduler_output.grammar_bitmask is not None:
             features = GENERAL
         step = self._compiled[layout.num_tokens, features]
+        # A step that reads no token of the last one does not wait for it (pipeline stages
+        # then run two steps at once).
+        needs_last = (buffer.fields["prev_sampled_index"] >= 0).any()
         with self.compile_watch:
             self.kv_caches, self.history, sampled, logprobs, prompt_logprobs = step(
                 self.param_leaves,
                 self.kv_caches,
                 self.history,
                 self.slot_tables.arrays,
-                self._last_sampled,
+                self._last_sampled if needs_last else self._no_last_sampled,
                 self._to_device(buffer.data),
                 grammar_bans,
             )
@@ -316,7 +323,7 @@ class ModelRunner:
         """The filled step buffer, and what `_collect` needs to know of the step."""
         batch = self.input_batch
         self._num_steps += 1
-        buffer = self._packed[layout.num_tokens][self._num_steps % 2]
+        buffer = self._packed[layout.num_tokens][self._num_steps % self._num_buffers]
         buffer.reset()
         num_rows, total = len(rows), int(num_tokens.sum())
         start = batch.num_computed_tokens[rows]
