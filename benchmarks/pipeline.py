@@ -6,8 +6,8 @@ pipeline without a bubble keeps PP 1's time. For each layout, in an engine of it
 time of `--num-prompts` requests (`--input-len` random tokens in, `--output-len` out,
 ignore_eos, greedy), and of one request alone (its steps have nothing to overlap with: the
 stages take turns). PP 2 splits the requests into two micro-batches (`max_num_seqs` is half),
-one per step in flight, as vLLM's batch queue does. bubble = 1 - time(PP 1) / time(PP 2): 0 when the stages work at once,
-0.5 when they take turns.
+one per step in flight, as vLLM's batch queue does. bubble = 1 - time(PP 1) / time(PP 2): 0
+when the stages work at once, 0.5 when they take turns.
 
     python -m benchmarks.pipeline --model benchmarks/configs/llama-3.1-8b --hidden-size 1024 \
         --vocab-size 1024 --num-layers 4 --output-json benchmarks/results/pp_bubble.json
