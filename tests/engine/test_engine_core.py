@@ -75,6 +75,7 @@ def _engine_core(num_steps: int, profiler=None) -> tuple[EngineCore, list[str]]:
     core.scheduler = _Scheduler(calls, num_steps)
     core.model_executor = _Executor(calls)
     core.batch_queue = collections.deque()
+    core.batch_queue_size = 2
     core.profiler = profiler or NullStepProfiler()
     return core, calls
 

@@ -73,8 +73,9 @@ class HeartbeatServer:
         self.socket = context.socket(zmq.ROUTER)
         self.socket.bind(heartbeat_address(parallel_config))
         self.nnodes = parallel_config.nnodes
-        deadline = time.monotonic() + STARTUP_GRACE_S
-        self.last_seen = {rank_identity(rank): deadline for rank in range(1, self.nnodes)}
+        # Until its first ping, a rank counts as seen STARTUP_GRACE_S from now.
+        grace = time.monotonic() + STARTUP_GRACE_S - HEARTBEAT_TIMEOUT_S
+        self.last_seen = {rank_identity(rank): grace for rank in range(1, self.nnodes)}
         self.on_failure = on_failure
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True, name="vjx-heartbeat")
@@ -85,7 +86,7 @@ class HeartbeatServer:
             if self.socket.poll(int(HEARTBEAT_INTERVAL_S * 1000)):
                 identity, message = self.socket.recv_multipart()
                 if identity in self.last_seen and message == _PING:
-                    self.last_seen[identity] = max(self.last_seen[identity], time.monotonic())
+                    self.last_seen[identity] = time.monotonic()
                     self.socket.send_multipart([identity, _PONG])
             now = time.monotonic()
             for identity, seen in self.last_seen.items():

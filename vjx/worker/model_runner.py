@@ -103,8 +103,7 @@ class ModelRunner:
         self._num_steps = 0
         self._compiled = {}
         self._seed_rng = np.random.default_rng(config.model_config.seed)
-        self._last_sampled = filled((self.max_num_reqs,), np.int32, 0, self.replicated)
-        self._no_last_sampled = self._last_sampled
+        self._last_sampled = self._no_last_sampled = filled((self.max_num_reqs,), np.int32, 0, self.replicated)
         self._sample_index_by_slot = np.full(self.max_num_reqs, -1, np.int32)
         """Per slot, the index in the last dispatched step's output of the token it samples
         for the slot's request (-1: none)."""

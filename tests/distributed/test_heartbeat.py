@@ -1,0 +1,84 @@
+"""The ranks' heartbeats over real ZeroMQ sockets on 127.0.0.1, with short timeouts: rank 0
+notices a rank that stops pinging, a rank notices rank 0 going silent, and neither side
+reports anything while both live."""
+
+import time
+
+import pytest
+import zmq
+
+from tests.helpers.multi_host import free_ports
+from vjx.config import ParallelConfig
+from vjx.distributed import channel
+
+
+@pytest.fixture
+def short_timeouts(monkeypatch):
+    monkeypatch.setattr(channel, "HEARTBEAT_INTERVAL_S", 0.1)
+    monkeypatch.setattr(channel, "HEARTBEAT_TIMEOUT_S", 0.6)
+    monkeypatch.setattr(channel, "STARTUP_GRACE_S", 2.0)
+
+
+def _wait_for(failures: list, timeout_s: float) -> float:
+    start = time.monotonic()
+    while not failures and time.monotonic() - start < timeout_s:
+        time.sleep(0.02)
+    return time.monotonic() - start
+
+
+def test_rank_zero_notices_a_rank_that_stops_pinging(short_timeouts):
+    config = ParallelConfig(nnodes=2, master_port=free_ports())
+    context = zmq.Context()
+    server_failures, client_failures = [], []
+    server = channel.HeartbeatServer(context, config, on_failure=server_failures.append)
+    client = channel.HeartbeatClient(
+        context,
+        ParallelConfig(nnodes=2, node_rank=1, master_port=config.master_port),
+        on_failure=client_failures.append,
+    )
+    try:
+        # Alive for three timeouts: nobody is declared dead.
+        time.sleep(1.8)
+        assert server_failures == [] and client_failures == []
+        client.stop()
+        elapsed = _wait_for(server_failures, 3.0)
+        assert server_failures and "rank1 of 2 processes stopped answering" in server_failures[0]
+        assert elapsed < 1.5
+    finally:
+        server.stop()
+        context.term()
+
+
+def test_a_rank_notices_rank_zero_going_silent(short_timeouts):
+    config = ParallelConfig(nnodes=2, master_port=free_ports())
+    context = zmq.Context()
+    server_failures, client_failures = [], []
+    server = channel.HeartbeatServer(context, config, on_failure=server_failures.append)
+    client = channel.HeartbeatClient(
+        context,
+        ParallelConfig(nnodes=2, node_rank=1, master_port=config.master_port),
+        on_failure=client_failures.append,
+    )
+    try:
+        time.sleep(0.5)
+        server.stop()
+        elapsed = _wait_for(client_failures, 3.0)
+        assert client_failures and "rank 0 stopped answering" in client_failures[0]
+        assert elapsed < 1.5
+    finally:
+        client.stop()
+        context.term()
+
+
+def test_a_rank_that_never_pings_is_dead_after_the_startup_grace(short_timeouts):
+    config = ParallelConfig(nnodes=2, master_port=free_ports())
+    context = zmq.Context()
+    failures = []
+    server = channel.HeartbeatServer(context, config, on_failure=failures.append)
+    try:
+        time.sleep(1.0)
+        assert failures == [], "still inside the start-up grace"
+        assert _wait_for(failures, 3.0) < 2.0 and failures
+    finally:
+        server.stop()
+        context.term()
