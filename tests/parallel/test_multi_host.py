@@ -51,6 +51,7 @@ def test_ray_executor_gives_single_process_tokens(model, single_process_tokens, 
     """Rank 0 starts rank 1 as an actor of a local Ray cluster (this test's), each rank with
     two CPU devices."""
     import ray  # the [ray] extra, which `make test` installs
+
     # Tests never reach the network: no usage report.
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     ray.init(num_cpus=2, include_dashboard=False, logging_level="warning")
