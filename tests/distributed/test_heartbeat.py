@@ -2,14 +2,15 @@
 notices a rank that stops pinging, a rank notices rank 0 going silent, and neither side
 reports anything while both live."""
 
+import dataclasses
 import time
 
 import pytest
 import zmq
 
-from tests.helpers.multi_host import free_ports
 from vjx.config import ParallelConfig
 from vjx.distributed import channel
+from vjx.distributed.channel import free_ports
 
 
 @pytest.fixture
@@ -26,48 +27,45 @@ def _wait_for(failures: list, timeout_s: float) -> float:
     return time.monotonic() - start
 
 
-def test_rank_zero_notices_a_rank_that_stops_pinging(short_timeouts):
+@dataclasses.dataclass
+class _Pair:
+    server: channel.HeartbeatServer
+    client: channel.HeartbeatClient
+    server_failures: list
+    client_failures: list
+
+
+@pytest.fixture
+def pair(short_timeouts):
+    """Rank 0's server and rank 1's client on real sockets; each side's failures collected."""
     config = ParallelConfig(nnodes=2, master_port=free_ports())
     context = zmq.Context()
     server_failures, client_failures = [], []
     server = channel.HeartbeatServer(context, config, on_failure=server_failures.append)
-    client = channel.HeartbeatClient(
-        context,
-        ParallelConfig(nnodes=2, node_rank=1, master_port=config.master_port),
-        on_failure=client_failures.append,
-    )
-    try:
-        # Alive for three timeouts: nobody is declared dead.
-        time.sleep(3.0)
-        assert server_failures == [] and client_failures == []
-        client.stop()
-        elapsed = _wait_for(server_failures, 4.0)
-        assert server_failures and "rank1 of 2 processes stopped answering" in server_failures[0]
-        assert elapsed < 2.5
-    finally:
-        server.stop()
-        context.term()
+    rank1 = dataclasses.replace(config, node_rank=1)
+    client = channel.HeartbeatClient(context, rank1, on_failure=client_failures.append)
+    yield _Pair(server, client, server_failures, client_failures)
+    server.stop()
+    client.stop()
+    context.term()
 
 
-def test_a_rank_notices_rank_zero_going_silent(short_timeouts):
-    config = ParallelConfig(nnodes=2, master_port=free_ports())
-    context = zmq.Context()
-    server_failures, client_failures = [], []
-    server = channel.HeartbeatServer(context, config, on_failure=server_failures.append)
-    client = channel.HeartbeatClient(
-        context,
-        ParallelConfig(nnodes=2, node_rank=1, master_port=config.master_port),
-        on_failure=client_failures.append,
-    )
-    try:
-        time.sleep(0.5)
-        server.stop()
-        elapsed = _wait_for(client_failures, 4.0)
-        assert client_failures and "rank 0 stopped answering" in client_failures[0]
-        assert elapsed < 2.5
-    finally:
-        client.stop()
-        context.term()
+def test_rank_zero_notices_a_rank_that_stops_pinging(pair):
+    # Alive for three timeouts: nobody is declared dead.
+    time.sleep(3.0)
+    assert pair.server_failures == [] and pair.client_failures == []
+    pair.client.stop()
+    elapsed = _wait_for(pair.server_failures, 4.0)
+    assert pair.server_failures and "rank1 of 2 processes stopped answering" in pair.server_failures[0]
+    assert elapsed < 2.5
+
+
+def test_a_rank_notices_rank_zero_going_silent(pair):
+    time.sleep(0.5)
+    pair.server.stop()
+    elapsed = _wait_for(pair.client_failures, 4.0)
+    assert pair.client_failures and "rank 0 stopped answering" in pair.client_failures[0]
+    assert elapsed < 2.5
 
 
 def test_a_rank_that_never_pings_is_dead_after_the_startup_grace(short_timeouts):

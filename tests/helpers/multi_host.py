@@ -11,7 +11,6 @@ generates until the engine dies and prints "dead: <error>".
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,26 +22,6 @@ PROMPTS = ["Hello there, my name is", "The capital of France is", "Count with me
 MAX_TOKENS = 12
 START_TIMEOUT_S = 300
 _PREFIX = "vjx-test "
-
-
-def free_ports(count: int = 3) -> int:
-    """A port p with p .. p + count - 1 free on 127.0.0.1 (JAX's coordinator, vjx's channel)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port + count < 65536 and all(_is_free(port + i) for i in range(1, count)):
-            return port
-    raise RuntimeError("no run of free ports found")
-
-
-def _is_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def rank_env(devices_per_process: int) -> dict[str, str]:

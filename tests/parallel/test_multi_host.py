@@ -11,6 +11,7 @@ import pytest
 
 from tests.helpers import multi_host
 from tests.helpers.tiny_default_model import save_tiny_default_model
+from vjx.distributed.channel import free_ports
 from vjx.engine_args import EngineArgs
 
 
@@ -21,7 +22,7 @@ def model(tmp_path_factory) -> str:
 
 def _tokens(model: str, nnodes: int, tp: int) -> list[list[int]]:
     """Greedy tokens of an engine over `nnodes` processes of tp // nnodes devices each."""
-    port, devices = multi_host.free_ports(), tp // nnodes
+    port, devices = free_ports(), tp // nnodes
     ranks = [multi_host.start_headless(rank, nnodes, port, devices) for rank in range(1, nnodes)]
     rank0 = multi_host.start_rank0(model, nnodes, tp, port, "tokens", devices)
     try:
@@ -55,7 +56,7 @@ def test_ray_executor_gives_single_process_tokens(model, single_process_tokens, 
     # Tests never reach the network: no usage report.
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     ray.init(num_cpus=2, include_dashboard=False, logging_level="warning")
-    rank0 = multi_host.start_rank0(model, 2, 4, multi_host.free_ports(), "tokens", devices=2, backend="ray")
+    rank0 = multi_host.start_rank0(model, 2, 4, free_ports(), "tokens", devices=2, backend="ray")
     try:
         assert multi_host.read_line(rank0) == "ready"
         assert json.loads(multi_host.read_line(rank0)) == single_process_tokens
@@ -68,7 +69,7 @@ def test_ray_executor_gives_single_process_tokens(model, single_process_tokens, 
 def test_two_processes_give_single_process_tokens_until_one_is_killed(model, single_process_tokens):
     """Two processes of two devices each give the tokens; then, while rank 0 generates,
     rank 1 is killed: rank 0's engine ends with EngineDeadError within 10 s."""
-    port = multi_host.free_ports()
+    port = free_ports()
     rank1 = multi_host.start_headless(1, 2, port, devices=2)
     rank0 = multi_host.start_rank0(model, 2, 4, port, "kill", devices=2)
     try:

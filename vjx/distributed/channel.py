@@ -17,6 +17,7 @@ each, named by its rank:
 
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -33,6 +34,26 @@ HEARTBEAT_TIMEOUT_S = 5.0
 STARTUP_GRACE_S = 120.0
 """How long a side waits for the other's first ping or pong (the ranks start in any order)."""
 _PING, _PONG = b"ping", b"pong"
+
+
+def free_ports(host: str = "127.0.0.1") -> int:
+    """A port p on `host` with p, p + 1 and p + 2 free: JAX's coordinator and this channel."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port + 2 < 65536 and all(_is_free(host, port + i) for i in (1, 2)):
+            return port
+    raise RuntimeError(f"no three consecutive free ports on {host}")
+
+
+def _is_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def control_address(parallel_config: ParallelConfig) -> str:

@@ -11,10 +11,10 @@ places and starts the processes; the step, its collectives and the control chann
 
 import dataclasses
 import logging
-import socket
 
 from vjx import process_setup
 from vjx.config import ParallelConfig
+from vjx.distributed import channel
 from vjx.engine_args import EngineArgs
 from vjx.executor.multiproc_worker import run_worker
 
@@ -30,26 +30,6 @@ class RankActor:
 
     def run(self, parallel_config: ParallelConfig, cache_options: dict) -> None:
         run_worker(parallel_config, cache_options)
-
-
-def _free_port(host: str) -> int:
-    """A port p on `host` with p, p + 1 and p + 2 free (JAX's coordinator, vjx's channel)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
-        if port + 2 < 65536 and all(_is_free(host, port + i) for i in (1, 2)):
-            return port
-    raise RuntimeError(f"no three consecutive free ports on {host}")
-
-
-def _is_free(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def _bundles(ray, head_ip: str, nnodes: int, devices_per_host: int) -> tuple[list[dict], str]:
@@ -80,7 +60,7 @@ def initialize_ray_cluster(engine_args: EngineArgs) -> EngineArgs:
             f"the Ray cluster has no room for {nnodes} hosts' bundles {bundles} ({strategy}) "
             f"after {_PLACEMENT_TIMEOUT_S:.0f} s: its resources are {ray.cluster_resources()}."
         )
-    engine_args = dataclasses.replace(engine_args, master_addr=head_ip, master_port=_free_port(head_ip))
+    engine_args = dataclasses.replace(engine_args, master_addr=head_ip, master_port=channel.free_ports(head_ip))
     parallel_config = engine_args.create_parallel_config()
     env = {name: value for name in _ENV_FOR_RANKS if (value := process_setup.environment(name)) is not None}
     actor_class = ray.remote(RankActor)

@@ -77,7 +77,7 @@ def put_replicated(host: np.ndarray, sharding: Sharding) -> jax.Array:
     all-gather of `host` on every call, is skipped."""
     if sharding.is_fully_addressable:
         return jax.device_put(host, sharding)
-    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+    return place(host, host.dtype, sharding)
 
 
 def _block(host: np.ndarray, index: tuple[slice, ...], dtype) -> np.ndarray:
