@@ -43,12 +43,12 @@ def _generate(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from serving.api_server import run_server
 
-    if args.headless:
-        return _serve_headless(EngineArgs.from_cli_args(args))
     if args.model_tag is not None:
         if args.model is not None and args.model != args.model_tag:
             raise ValueError(f"model is given twice, as {args.model_tag!r} and --model {args.model!r}.")
         args.model = args.model_tag
+    if args.headless:
+        return _serve_headless(EngineArgs.from_cli_args(args))
     if args.api_key is None:
         args.api_key = os.environ.get(API_KEY_ENV) or None
     server_args = ServerArgs.from_cli_args(args)
@@ -57,12 +57,20 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _serve_headless(engine_args: EngineArgs) -> int:
-    """A rank > 0 of an engine over several hosts: no server, only its share of the devices."""
+    """No server: this host's data-parallel replicas of a head's engine, or a rank > 0 of an
+    engine over several hosts (its share of the devices)."""
+    parallel_config = engine_args.create_parallel_config()
+    if parallel_config.data_parallel_start_rank > 0:
+        from vjx.engine.remote_engines import run_headless_replicas
+
+        return run_headless_replicas(engine_args)
+    if parallel_config.node_rank == 0:
+        raise ValueError(
+            "--headless is for the hosts after the head: --data-parallel-start-rank 1 and up (replicas of "
+            "their own), or --node-rank 1 and up (a share of one engine's devices); the head serves."
+        )
     from vjx.executor.multiproc_worker import run_worker
 
-    parallel_config = engine_args.create_parallel_config()
-    if parallel_config.node_rank == 0:
-        raise ValueError("--headless is for the ranks after 0 (--node-rank 1 and up); rank 0 serves.")
     run_worker(parallel_config)
     return 0
 
@@ -87,9 +95,11 @@ def _add_serve_parser(commands) -> argparse.ArgumentParser:
     serve.add_argument(
         "--headless",
         action="store_true",
-        help="Serve no API: run this host's share of an engine over several hosts (--node-rank 1 and up); "
-        "rank 0's config (model, lengths, parallelism) applies, only the --nnodes/--node-rank/--master-* "
-        "flags are read here.",
+        help="Serve no API. With --data-parallel-start-rank 1 and up: run this host's data-parallel "
+        "replicas (--data-parallel-size-local of them) for the head at --data-parallel-address, under the "
+        "same engine flags as the head's. With --node-rank 1 and up: run this host's share of an engine "
+        "over several hosts; rank 0's config (model, lengths, parallelism) applies, only the "
+        "--nnodes/--node-rank/--master-* flags are read here.",
     )
     ServerArgs.add_cli_args(serve)
     EngineArgs.add_cli_args(serve)

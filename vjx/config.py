@@ -119,8 +119,18 @@ class ParallelConfig:
     data_parallel_size: int = 1
     """Independent engine replicas, each with its own scheduler, KV pool and devices."""
     data_parallel_rank: int = 0
-    """Which replica this engine is: it runs on the rank-th group of `tensor_parallel_size`
-    devices."""
+    """Which replica this engine is: it runs on this host's
+    (`data_parallel_rank - data_parallel_start_rank`)-th group of devices."""
+    data_parallel_size_local: int | None = None
+    """Replicas on this host (the rest on other hosts, started with `vjx serve --headless`);
+    None: all of them."""
+    data_parallel_start_rank: int = 0
+    """The rank of this host's first replica."""
+    data_parallel_address: str = "127.0.0.1"
+    """The head's address, which the replicas on other hosts dial."""
+    data_parallel_rpc_port: int = 29550
+    """The head's port for those replicas' handshakes; their outputs and heartbeats take the
+    next two (vjx/engine/remote_engines.py)."""
     enable_expert_parallel: bool = False
     """MoE layers put whole experts on each of the replica's devices instead of splitting
     every expert's width over them (vLLM's flag)."""
@@ -135,6 +145,16 @@ class ParallelConfig:
     """Rank 0's address: JAX's coordinator at `master_port`, vjx's control channel at the
     two ports after it."""
     master_port: int = 29501
+
+    @property
+    def local_data_parallel_size(self) -> int:
+        """Replicas whose devices are this host's."""
+        return self.data_parallel_size if self.data_parallel_size_local is None else self.data_parallel_size_local
+
+    @property
+    def data_parallel_rank_local(self) -> int:
+        """This replica's index among this host's."""
+        return self.data_parallel_rank - self.data_parallel_start_rank
 
 
 @dataclasses.dataclass(frozen=True)

@@ -55,6 +55,8 @@ _MULTI_NODE_ENV = {
 }
 """The environment's form of each multi-node flag, read when the flag is left at its default."""
 _EXECUTOR_BACKENDS = ("uni", "mp", "ray")
+_DATA_PARALLEL_ADDRESS = "127.0.0.1"
+_DATA_PARALLEL_RPC_PORT = 29550
 _NONE_IS_DEFAULT = ("block_size", "max_num_seqs", "enable_prefix_caching", "enable_chunked_prefill")
 
 
@@ -175,6 +177,22 @@ class EngineArgs(VllmCompatArgs):
         1,
         "Engine replicas, each on its own tensor_parallel_size devices with its "
         "own scheduler and KV cache; requests go to the least loaded one.",
+    )
+    data_parallel_size_local: int | None = _field(
+        None,
+        "Replicas on this host, ranks data_parallel_start_rank onward; the others run on other hosts, each "
+        "started with `vjx serve --headless` (None: all data_parallel_size replicas are this host's).",
+    )
+    data_parallel_start_rank: int | None = _field(
+        None, "The rank of this host's first replica: 0 on the head (None), above 0 on a headless host."
+    )
+    data_parallel_address: str | None = _field(
+        None, "The head's address, which every host's replicas dial (None: 127.0.0.1)."
+    )
+    data_parallel_rpc_port: int | None = _field(
+        None,
+        "The head's port for the other hosts' replicas; their outputs and heartbeats take the next two "
+        f"(None: {_DATA_PARALLEL_RPC_PORT}).",
     )
     enable_expert_parallel: bool = _field(
         False,
@@ -326,10 +344,15 @@ class EngineArgs(VllmCompatArgs):
     def create_parallel_config(self) -> ParallelConfig:
         """The layout over devices (replica 0's; each replica's engine takes its own rank)."""
         self._verify_multi_node()
+        self._verify_data_parallel()
         return ParallelConfig(
             tensor_parallel_size=self.tensor_parallel_size,
             pipeline_parallel_size=self.pipeline_parallel_size,
             data_parallel_size=self.data_parallel_size,
+            data_parallel_size_local=self.data_parallel_size_local,
+            data_parallel_start_rank=self.data_parallel_start_rank or 0,
+            data_parallel_address=self.data_parallel_address or _DATA_PARALLEL_ADDRESS,
+            data_parallel_rpc_port=self.data_parallel_rpc_port or _DATA_PARALLEL_RPC_PORT,
             enable_expert_parallel=self.enable_expert_parallel,
             nnodes=self.nnodes,
             node_rank=self.node_rank,
@@ -491,11 +514,33 @@ class EngineArgs(VllmCompatArgs):
             )
         if self.data_parallel_size > 1:
             raise ValueError(
-                f"data_parallel_size={self.data_parallel_size} with nnodes={self.nnodes}: data parallelism "
-                "over several hosts is not built yet; the hosts' devices serve tensor parallelism."
+                f"data_parallel_size={self.data_parallel_size} with nnodes={self.nnodes}: an engine over several "
+                "hosts serves tensor parallelism; for replicas on several hosts leave nnodes at 1 and set "
+                "data_parallel_size_local (and on the other hosts `vjx serve --headless "
+                "--data-parallel-start-rank ...`)."
             )
         if self.multiprocess is False:
             raise ValueError(f"multiprocess=False with nnodes={self.nnodes}: rank 0's engine runs in its own process.")
+
+    def _verify_data_parallel(self) -> None:
+        """The replicas of this host are ranks [start, start + local) of data_parallel_size."""
+        size, start = self.data_parallel_size, self.data_parallel_start_rank or 0
+        local = size if self.data_parallel_size_local is None else self.data_parallel_size_local
+        if not 0 <= start < size:
+            raise ValueError(f"data_parallel_start_rank must be in [0, {size - 1}], got {start}.")
+        if not 1 <= local <= size - start:
+            raise ValueError(
+                f"data_parallel_size_local must be in [1, {size - start}] (data_parallel_size={size}, "
+                f"data_parallel_start_rank={start}), got {local}."
+            )
+        port = self.data_parallel_rpc_port
+        if port is not None and not 1 <= port <= 65533:
+            raise ValueError(f"data_parallel_rpc_port must be in [1, 65533] (vjx takes the next two too), got {port}.")
+        if local < size and self.multiprocess is False:
+            raise ValueError(
+                f"multiprocess=False with data_parallel_size_local={local} < data_parallel_size={size}: the "
+                "replicas on other hosts are reached from engine processes."
+            )
 
     def _verify_pipeline(self, hf_text_config, quant_config) -> None:
         if self.pipeline_parallel_size == 1:
@@ -522,7 +567,7 @@ class EngineArgs(VllmCompatArgs):
             )
 
     def _multiprocess(self) -> bool:
-        if self.nnodes > 1:
+        if self.nnodes > 1 or self.create_parallel_config().local_data_parallel_size < self.data_parallel_size:
             # A rank's death must not hang the caller: the engine process is ended instead.
             return True
         have_packages = all(importlib.util.find_spec(name) is not None for name in ("zmq", "msgspec"))

@@ -48,6 +48,21 @@ def start_headless(rank: int, nnodes: int, port: int, devices: int) -> subproces
     )
 
 
+def engine_flags(engine_args: dict) -> list[str]:
+    return [f"--{name.replace('_', '-')}={value}" for name, value in engine_args.items()]
+
+
+def start_headless_replicas(model: str, port: int, data_parallel_size: int, start_rank: int, local: int):
+    """`vjx serve --headless` of a host with data-parallel replicas [start_rank, start_rank +
+    local), one CPU device each, under the head's engine flags."""
+    command = [sys.executable, "-m", "serving.cli", "serve", model, "--headless", "--seed=0"]
+    command += engine_flags(ENGINE_ARGS) + ["-dp", str(data_parallel_size), "-dpr", str(start_rank)]
+    command += ["-dpl", str(local), "-dpa", "127.0.0.1", "-dpp", str(port)]
+    return subprocess.Popen(
+        command, cwd=ROOT, env=rank_env(local), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+
+
 def read_line(process: subprocess.Popen, timeout_s: float = START_TIMEOUT_S) -> str:
     """rank 0's next line of output that starts with "vjx-test " (gloo prints to stdout too),
     without that prefix; its stderr in the error when it ends first."""

@@ -95,7 +95,7 @@ def test_two_processes_give_single_process_tokens_until_one_is_killed(model, sin
         (dict(nnodes=2, node_rank=2), r"node_rank must be in \[0, 1\]"),
         (dict(nnodes=2, master_port=65535), r"master_port must be in \[1, 65533\]"),
         (dict(nnodes=2, distributed_executor_backend="uni"), "needs 'mp'"),
-        (dict(nnodes=2, data_parallel_size=2), "data parallelism over several hosts is not built yet"),
+        (dict(nnodes=2, data_parallel_size=2), "for replicas on several hosts leave nnodes at 1"),
         (dict(nnodes=2, multiprocess=False), "runs in its own process"),
     ],
 )

@@ -12,7 +12,8 @@ each, named by its rank:
   nothing for `HEARTBEAT_TIMEOUT_S` declares the other dead: on rank 0 that ends the engine
   (the front end then raises `EngineDeadError`), on another rank it ends that process. A
   separate socket and thread, because a rank's main thread may sit in a collective that a
-  dead peer never joins.
+  dead peer never joins. The same two classes watch data-parallel replicas on other hosts
+  (vjx/engine/remote_engines.py).
 """
 
 import logging
@@ -20,7 +21,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import msgspec
 import zmq
@@ -68,6 +69,11 @@ def rank_identity(rank: int) -> bytes:
     return f"rank{rank}".encode()
 
 
+def replica_identity(data_parallel_rank: int) -> bytes:
+    """A data-parallel replica's name on its head's heartbeat socket."""
+    return f"replica {data_parallel_rank}".encode()
+
+
 def encode_reply(rank: int, result=None, error: str | None = None) -> bytes:
     """A rank's answer; a result msgpack cannot carry becomes an error naming its type."""
     try:
@@ -88,35 +94,47 @@ def _die(message: str) -> None:
 
 
 class HeartbeatServer:
-    """Rank 0's side: answers pings and watches that every other rank keeps pinging."""
+    """The watching side: answers every ping at `address` and watches that each identity in
+    `watched` (and each one `watch` adds later) keeps pinging; `on_failure` gets the first
+    one that goes silent, by name."""
 
-    def __init__(self, context: zmq.Context, parallel_config: ParallelConfig, on_failure: Callable[[str], None] = _die):
+    def __init__(
+        self,
+        context: zmq.Context,
+        address: str,
+        watched: Iterable[bytes] = (),
+        on_failure: Callable[[str], None] = _die,
+    ):
         self.socket = context.socket(zmq.ROUTER)
-        self.socket.bind(heartbeat_address(parallel_config))
-        self.nnodes = parallel_config.nnodes
-        # Until its first ping, a rank counts as seen STARTUP_GRACE_S from now.
+        self.socket.bind(address)
+        self.lock = threading.Lock()
+        # Until its first ping, an identity counts as seen STARTUP_GRACE_S from now.
         grace = time.monotonic() + STARTUP_GRACE_S - HEARTBEAT_TIMEOUT_S
-        self.last_seen = {rank_identity(rank): grace for rank in range(1, self.nnodes)}
+        self.last_seen = {identity: grace for identity in watched}
         self.on_failure = on_failure
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True, name="vjx-heartbeat")
         self.thread.start()
 
+    def watch(self, identity: bytes) -> None:
+        """Watches `identity` from now on (a peer that has just said it is ready)."""
+        with self.lock:
+            self.last_seen[identity] = time.monotonic()
+
     def _run(self) -> None:
         while not self.stopped.is_set():
             if self.socket.poll(int(HEARTBEAT_INTERVAL_S * 1000)):
                 identity, message = self.socket.recv_multipart()
-                if identity in self.last_seen and message == _PING:
-                    self.last_seen[identity] = time.monotonic()
+                if message == _PING:
+                    with self.lock:
+                        if identity in self.last_seen:
+                            self.last_seen[identity] = time.monotonic()
                     self.socket.send_multipart([identity, _PONG])
-            now = time.monotonic()
-            for identity, seen in self.last_seen.items():
-                if now - seen > HEARTBEAT_TIMEOUT_S and not self.stopped.is_set():
-                    self.stopped.set()
-                    self.on_failure(
-                        f"{identity.decode()} of {self.nnodes} processes stopped answering for "
-                        f"{HEARTBEAT_TIMEOUT_S:.0f} s (its process died or its host is unreachable); the engine stops."
-                    )
+            with self.lock:
+                silent = [i for i, seen in self.last_seen.items() if time.monotonic() - seen > HEARTBEAT_TIMEOUT_S]
+            if silent and not self.stopped.is_set():
+                self.stopped.set()
+                self.on_failure(silent[0].decode())
         self.socket.close(linger=0)
 
     def stop(self) -> None:
@@ -125,19 +143,20 @@ class HeartbeatServer:
 
 
 class HeartbeatClient:
-    """Another rank's side: pings rank 0 and ends this process when rank 0 stops answering."""
+    """The watched side: pings `address` as `identity`; `on_failure` runs when the server
+    stops answering (by default this process ends)."""
 
-    def __init__(self, context: zmq.Context, parallel_config: ParallelConfig, on_failure: Callable[[str], None] = _die):
+    def __init__(self, context: zmq.Context, address: str, identity: bytes, on_failure: Callable[[str], None] = _die):
         self.socket = context.socket(zmq.DEALER)
-        self.socket.setsockopt(zmq.IDENTITY, rank_identity(parallel_config.node_rank))
-        self.socket.connect(heartbeat_address(parallel_config))
+        self.socket.setsockopt(zmq.IDENTITY, identity)
+        self.socket.connect(address)
         self.on_failure = on_failure
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True, name="vjx-heartbeat")
         self.thread.start()
 
     def _run(self) -> None:
-        # Rank 0 binds its end once its engine starts building: the first pong may take a while.
+        # The server binds its end once its engine starts building: the first pong may take a while.
         last_pong = time.monotonic() + STARTUP_GRACE_S - HEARTBEAT_TIMEOUT_S
         while not self.stopped.is_set():
             try:
@@ -150,9 +169,28 @@ class HeartbeatClient:
                     last_pong = time.monotonic()
             if time.monotonic() - last_pong > HEARTBEAT_TIMEOUT_S and not self.stopped.is_set():
                 self.stopped.set()
-                self.on_failure(f"rank 0 stopped answering for {HEARTBEAT_TIMEOUT_S:.0f} s; this process ends.")
+                self.on_failure(f"the head stopped answering for {HEARTBEAT_TIMEOUT_S:.0f} s; this process ends.")
         self.socket.close(linger=0)
 
     def stop(self) -> None:
         self.stopped.set()
         self.thread.join()
+
+
+def rank_heartbeat_server(context: zmq.Context, parallel_config: ParallelConfig) -> HeartbeatServer:
+    """Rank 0's heartbeat server, watching ranks 1 to nnodes - 1 (their death ends this process)."""
+    nnodes = parallel_config.nnodes
+
+    def die(identity: str) -> None:
+        _die(
+            f"{identity} of {nnodes} processes stopped answering for {HEARTBEAT_TIMEOUT_S:.0f} s "
+            "(its process died or its host is unreachable); the engine stops."
+        )
+
+    identities = [rank_identity(rank) for rank in range(1, nnodes)]
+    return HeartbeatServer(context, heartbeat_address(parallel_config), identities, die)
+
+
+def rank_heartbeat_client(context: zmq.Context, parallel_config: ParallelConfig) -> HeartbeatClient:
+    """A rank's heartbeat client: it ends this process when rank 0 goes silent."""
+    return HeartbeatClient(context, heartbeat_address(parallel_config), rank_identity(parallel_config.node_rank))

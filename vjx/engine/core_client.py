@@ -178,18 +178,21 @@ class MPClient:
     accepts any of them. Sends go through a plain socket and never block on a dead engine:
     each waits for room in short polls and checks that the children still run. `transport`
     is "ipc" (a private temp dir) or "tcp" (127.0.0.1 only). `engine`, `ready` and
-    `input_socket` are replica 0's.
+    `input_socket` are replica 0's. Replicas on other hosts (`data_parallel_size_local` below
+    `data_parallel_size`) dial in over tcp and are watched by heartbeats (remote_engines.py).
     """
 
     def __init__(self, engine_args: EngineArgs, start_timeout_s: float = START_TIMEOUT_S, transport: str = "ipc"):
         import zmq
 
         from vjx.engine import core_proc, serial
+        from vjx.engine.remote_engines import RemoteEngines
 
         self._zmq, self._serial = zmq, serial
-        num_replicas = engine_args.data_parallel_size
+        parallel_config = engine_args.create_parallel_config()
         self.engines = [
-            core_proc.EngineProcess(engine_args, transport, data_parallel_rank=rank) for rank in range(num_replicas)
+            core_proc.EngineProcess(engine_args, transport, data_parallel_rank=rank)
+            for rank in range(parallel_config.local_data_parallel_size)
         ]
         self.engine = self.engines[0]
         self.context = zmq.Context()
@@ -197,22 +200,40 @@ class MPClient:
         self.engine.bind(self.output_socket, "output")
         for engine in self.engines[1:]:
             engine.addresses["output"] = self.engine.addresses["output"]
-        self._output_tokens = [engine.token for engine in self.engines]
         self.output_drops = serial.DropLog("the front end's output socket")
         self.input_sockets: list = []
-        self.balancer = LoadBalancer(num_replicas)
+        self.balancer = LoadBalancer(parallel_config.data_parallel_size)
         self.dead_error: EngineDeadError | None = None
         self._call_ids = itertools.count()
+        self.remote = None
         try:
+            if parallel_config.local_data_parallel_size < parallel_config.data_parallel_size:
+                self.remote = RemoteEngines(self.context, parallel_config, self.output_socket)
             self.readies = core_proc.start_engines(self.engines, self.context, start_timeout_s)
+            if self.remote is not None:
+                self._add_remote_engines(start_timeout_s)
         except BaseException:
             self._close()
             raise
+        self._output_tokens = [engine.token for engine in self.engines]
         for engine in self.engines:
             self.input_sockets.append(self.context.socket(zmq.PUSH))
             self.input_sockets[-1].connect(engine.addresses["input"])
         self.input_socket = self.input_sockets[0]
         self.ready = self.readies[0]
+
+    def _add_remote_engines(self, start_timeout_s: float) -> None:
+        """Waits for the replicas of other hosts; they must agree with this host's on the
+        model length (every host takes the same engine arguments)."""
+        for engine, ready in self.remote.wait_ready(start_timeout_s):
+            self.engines.append(engine)
+            self.readies.append(ready)
+        for rank, ready in enumerate(self.readies):
+            if ready.max_model_len != self.readies[0].max_model_len:
+                raise RuntimeError(
+                    f"Data-parallel replica {rank} has max_model_len={ready.max_model_len}, replica 0 "
+                    f"{self.readies[0].max_model_len}: start every host with the same engine arguments."
+                )
 
     def _mark_dead(self, message: str) -> EngineDeadError:
         if self.dead_error is None:
@@ -241,7 +262,7 @@ class MPClient:
         for rank, engine in enumerate(self.engines):
             if not engine.is_alive():
                 replica = f" of replica {rank}" if len(self.engines) > 1 else ""
-                raise self._mark_dead(f"The engine process{replica} exited (exit code {engine.process.exitcode}).")
+                raise self._mark_dead(f"The engine process{replica} {engine.exit_description()}.")
 
     def _send(self, kind: bytes, payload, rank: int = 0) -> None:
         frames = self._serial.encode(self.engines[rank].token, kind, payload)
@@ -289,6 +310,8 @@ class MPClient:
     def _close(self) -> None:
         for engine in self.engines:
             engine.shutdown()
+        if self.remote is not None:
+            self.remote.shutdown()
         for socket in (*self.input_sockets, self.output_socket):
             socket.close(linger=0)
         self.context.destroy(linger=0)

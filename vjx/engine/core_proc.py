@@ -39,6 +39,7 @@ import zmq
 from vjx import process_setup
 from vjx.config import VjxConfig
 from vjx.distributed import jax_distributed
+from vjx.distributed.channel import HeartbeatClient, replica_identity
 from vjx.engine import serial
 from vjx.engine.core import EngineCore
 from vjx.engine_args import EngineArgs
@@ -81,7 +82,7 @@ def replica_placement(engine_args: EngineArgs, rank: int) -> ReplicaPlacement:
     if engine_args.data_parallel_size == 1 or jax.default_backend() != "gpu":
         return ReplicaPlacement(rank)
     parallel_config = engine_args.create_parallel_config()
-    group = device_groups(parallel_config)[rank]
+    group = device_groups(parallel_config)[rank - parallel_config.data_parallel_start_rank]
     return ReplicaPlacement(rank, ",".join(str(device.id) for device in group))
 
 
@@ -89,7 +90,8 @@ def _replica_config(engine_args: EngineArgs, placement: ReplicaPlacement) -> Vjx
     """The child's config: one replica on the GPUs it sees (the others are hidden), or on CPU
     the group of its rank."""
     if placement.visible_devices is not None:
-        return dataclasses.replace(engine_args, data_parallel_size=1).create_engine_config()
+        one_replica = dict(data_parallel_size=1, data_parallel_size_local=None, data_parallel_start_rank=None)
+        return dataclasses.replace(engine_args, **one_replica).create_engine_config()
     return engine_args.create_engine_config().for_data_parallel_rank(placement.data_parallel_rank)
 
 
@@ -100,10 +102,13 @@ def run_engine_core(
     cache_options: dict,
     parent_pid: int,
     placement: ReplicaPlacement = ReplicaPlacement(),
+    heartbeat_address: str | None = None,
 ) -> None:
     """The child's entry point: set up the process, build EngineCore, report readiness (or
     the error), serve. `token` signs every message; it comes in the spawn arguments, never
-    the command line (which every user can read) or the environment (which children inherit)."""
+    the command line (which every user can read) or the environment (which children inherit).
+    A replica on another host than the front end's pings the head's `heartbeat_address` from
+    its READY on (vjx/engine/remote_engines.py)."""
     shutdowns: list[Callable[[], None]] = []
     threading.Thread(target=_watch_parent, args=(parent_pid, shutdowns), daemon=True, name="vjx-parent-watch").start()
     context = zmq.Context()
@@ -122,12 +127,16 @@ def run_engine_core(
         # The parent stops this process with SIGTERM: the executor first tells its other ranks.
         shutdowns.append(engine_core.model_executor.shutdown)
         signal.signal(signal.SIGTERM, lambda *_: _exit_after(shutdowns, 0))
-        proc = EngineCoreProc(engine_core, context, addresses, token)
+        proc = EngineCoreProc(engine_core, context, addresses, token, on_shutdown=lambda: _exit_after(shutdowns, 0))
     except Exception:
-        handshake.send_multipart(serial.encode(token, serial.FAILED, traceback.format_exc()))
+        failure = f"Replica {placement.data_parallel_rank}: {traceback.format_exc()}"
+        handshake.send_multipart(serial.encode(token, serial.FAILED, failure))
         handshake.close(linger=_LINGER_MS)
         return
-    ready = serial.EngineReady(engine_core.num_gpu_blocks, config.scheduler_config.max_model_len, proc.input_address)
+    if heartbeat_address is not None:
+        HeartbeatClient(context, heartbeat_address, replica_identity(placement.data_parallel_rank))
+    rank, max_model_len = placement.data_parallel_rank, config.scheduler_config.max_model_len
+    ready = serial.EngineReady(engine_core.num_gpu_blocks, max_model_len, proc.input_address, rank)
     handshake.send_multipart(serial.encode(token, serial.READY, ready))
     handshake.close(linger=_LINGER_MS)
     proc.run_busy_loop()
@@ -137,11 +146,20 @@ class EngineCoreProc:
     """The child's busy loop around one EngineCore.
 
     It binds its input socket at `addresses["input"]` (`input_address` is where it ended up,
-    the port for tcp) and connects its output socket to the parent's."""
+    the port for tcp) and connects its output socket to the parent's. SHUTDOWN (which a head
+    sends its replicas on other hosts) runs `on_shutdown`."""
 
-    def __init__(self, engine_core: EngineCore, context: zmq.Context, addresses: dict[str, str], token: bytes):
+    def __init__(
+        self,
+        engine_core: EngineCore,
+        context: zmq.Context,
+        addresses: dict[str, str],
+        token: bytes,
+        on_shutdown: Callable[[], None] = lambda: None,
+    ):
         self.engine_core = engine_core
         self.token = token
+        self.on_shutdown = on_shutdown
         self.input_queue: queue.Queue = queue.Queue()
         self.output_queue: queue.Queue = queue.Queue()
         self.input_drops = serial.DropLog("the engine's input socket")
@@ -206,6 +224,8 @@ class EngineCoreProc:
                 self._put_output(serial.REQUEST_ERROR, error)
         elif kind == serial.ABORT:
             self.engine_core.abort_requests(payload)
+        elif kind == serial.SHUTDOWN:
+            self.on_shutdown()
         else:
             self._put_output(serial.UTILITY_RESULT, self._call_utility(payload))
 
@@ -332,6 +352,9 @@ class EngineProcess:
 
     def is_alive(self) -> bool:
         return self.process is not None and self.process.is_alive()
+
+    def exit_description(self) -> str:
+        return f"exited (exit code {self.process.exitcode})"
 
     def shutdown(self) -> None:
         if self._finalizer is not None:

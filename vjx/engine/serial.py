@@ -30,6 +30,7 @@ from vjx.engine.messages import EngineCoreOutputs, EngineCoreRequest
 ADD = b"ADD"
 ABORT = b"ABORT"
 UTILITY = b"UTILITY"
+SHUTDOWN = b"SHUTDOWN"
 # Engine -> front end.
 READY = b"READY"
 FAILED = b"FAILED"
@@ -38,7 +39,7 @@ UTILITY_RESULT = b"UTILITY_RESULT"
 REQUEST_ERROR = b"REQUEST_ERROR"
 DEAD = b"DEAD"
 
-INPUT_KINDS = (ADD, ABORT, UTILITY)
+INPUT_KINDS = (ADD, ABORT, UTILITY, SHUTDOWN)
 """What the engine's input socket carries."""
 HANDSHAKE_KINDS = (READY, FAILED)
 """What the parent's handshake socket carries."""
@@ -86,6 +87,8 @@ class EngineReady:
     max_model_len: int
     input_address: str
     """Where the child bound its input socket; the parent connects its sender there."""
+    data_parallel_rank: int = 0
+    """Which replica it is (a head learns it so from the replicas on other hosts)."""
 
 
 @dataclasses.dataclass
@@ -109,6 +112,7 @@ _decoders = {
     ADD: msgspec.msgpack.Decoder(EngineCoreRequest),
     ABORT: msgspec.msgpack.Decoder(list[str]),
     UTILITY: msgspec.msgpack.Decoder(UtilityCall),
+    SHUTDOWN: msgspec.msgpack.Decoder(None),
     READY: msgspec.msgpack.Decoder(EngineReady),
     FAILED: msgspec.msgpack.Decoder(str),
     OUTPUTS: msgspec.msgpack.Decoder(EngineCoreOutputs),
@@ -121,6 +125,15 @@ _result_decoders = {method: msgspec.msgpack.Decoder(kind) for method, kind in UT
 
 def encode(token: bytes, kind: bytes, payload: Any) -> list[bytes]:
     return [token, kind, _encoder.encode(payload)]
+
+
+def decode_first_contact(frames: list[bytes], kinds: Sequence[bytes]) -> tuple[bytes, bytes, Any]:
+    """Returns (token, kind, payload) of a handshake from an engine process on another host,
+    whose token the receiver learns from it (trust on first contact: the head takes one
+    handshake per replica, and only while it waits for them); raises ValueError as `decode`."""
+    if len(frames) != 3 or not frames[0]:
+        raise ValueError("message must be [token, kind, payload] with a token.")
+    return frames[0], *decode(frames, [frames[0]], kinds)
 
 
 def decode(frames: list[bytes], tokens: Sequence[bytes], kinds: Sequence[bytes]) -> tuple[bytes, Any]:

@@ -42,7 +42,8 @@ _LORA = "LoRA adapters are not built yet"
 _SPEC = "speculative decoding is not built yet"
 _EP = "vjx runs expert parallelism as enable_expert_parallel (local experts, then an all-reduce); this is not built"
 _DBO = "dual-batch overlap is not built yet"
-_MULTI_NODE = "data parallelism over several hosts, or launched from outside, is not built yet"
+_MULTI_NODE = "data-parallel replicas launched from outside (external or hybrid load balancing) are not built yet"
+_API_SERVERS = "several API server processes are not built yet"
 _CONTEXT_PARALLEL = "context parallelism is not built yet"
 _OFFLOAD = "weight and KV offloading are not built yet"
 _MAMBA = "Mamba and linear-attention models are not built yet"
@@ -120,14 +121,20 @@ VLLM_ARGS: tuple[VllmArg, ...] = tuple(
         ("cp_kv_cache_interleave_size", None, "int", UNSUPPORTED, _CONTEXT_PARALLEL),
         ("data_parallel_size", 1, "int", VJX, ""),
         ("data_parallel_rank", None, "int", UNSUPPORTED, _MULTI_NODE),
-        ("data_parallel_start_rank", None, "int", UNSUPPORTED, _MULTI_NODE),
-        ("data_parallel_size_local", None, "int", UNSUPPORTED, _MULTI_NODE),
-        ("data_parallel_address", None, "str", UNSUPPORTED, _MULTI_NODE),
-        ("data_parallel_rpc_port", None, "int", UNSUPPORTED, _MULTI_NODE),
+        ("data_parallel_start_rank", None, "int", VJX, ""),
+        ("data_parallel_size_local", None, "int", VJX, ""),
+        ("data_parallel_address", None, "str", VJX, ""),
+        ("data_parallel_rpc_port", None, "int", VJX, ""),
         ("data_parallel_hybrid_lb", False, "bool", UNSUPPORTED, _MULTI_NODE),
         ("data_parallel_external_lb", False, "bool", UNSUPPORTED, _MULTI_NODE),
         ("data_parallel_multi_port_external_lb", False, "bool", UNSUPPORTED, _MULTI_NODE),
-        ("data_parallel_backend", "mp", "str", UNSUPPORTED, _MULTI_NODE),
+        (
+            "data_parallel_backend",
+            "mp",
+            "str",
+            UNSUPPORTED,
+            "vjx starts data-parallel replicas as its own processes ('mp'); Ray-launched replicas are not built yet",
+        ),
         ("enable_hc_sp", False, "bool", UNSUPPORTED, _EP),
         ("enable_expert_parallel", False, "bool", VJX, ""),
         ("enable_batch_sharded_sampling", None, "bool", UNSUPPORTED, "batch-sharded sampling is not built yet"),
@@ -147,8 +154,8 @@ VLLM_ARGS: tuple[VllmArg, ...] = tuple(
         ("eplb_config", None, "json", UNSUPPORTED, _EP),
         ("enable_eplb", False, "bool", UNSUPPORTED, _EP),
         ("expert_placement_strategy", "linear", "str", UNSUPPORTED, _EP),
-        ("_api_process_count", 1, None, UNSUPPORTED, _MULTI_NODE),
-        ("_api_process_rank", 0, None, UNSUPPORTED, _MULTI_NODE),
+        ("_api_process_count", 1, None, UNSUPPORTED, _API_SERVERS),
+        ("_api_process_rank", 0, None, UNSUPPORTED, _API_SERVERS),
         ("max_parallel_loading_workers", None, "int", NO_EFFECT, _LOADER),
         ("block_size", None, "int", VJX, ""),
         ("enable_prefix_caching", None, "bool", VJX, ""),
@@ -242,7 +249,7 @@ VLLM_ARGS: tuple[VllmArg, ...] = tuple(
         ("enable_mixed_moe_lora_format", False, "bool", UNSUPPORTED, _LORA),
         ("enable_moe_shared_loras", False, "bool", UNSUPPORTED, _LORA),
         ("max_lora_cls_labels", None, "int", UNSUPPORTED, _LORA),
-        ("ray_workers_use_nsight", False, "bool", UNSUPPORTED, _MULTI_NODE),
+        ("ray_workers_use_nsight", False, "bool", UNSUPPORTED, "Nsight profiling of Ray workers is not built yet"),
         ("num_gpu_blocks_override", None, "int", VJX, ""),
         ("model_loader_extra_config", {}, "json_or_str", UNSUPPORTED, "loader options are not built yet"),
         ("ignore_patterns", ["original/**/*"], "strs", UNSUPPORTED, "vjx downloads its own file set"),

@@ -45,7 +45,7 @@ class MultiprocExecutor(Executor):
         super().__init__(config)
         parallel_config = config.parallel_config
         self.context = zmq.Context()
-        self.heartbeat = channel.HeartbeatServer(self.context, parallel_config)
+        self.heartbeat = channel.rank_heartbeat_server(self.context, parallel_config)
         self.control = self.context.socket(zmq.ROUTER)
         self.control.bind(channel.control_address(parallel_config))
         self.identities = [channel.rank_identity(rank) for rank in range(1, parallel_config.nnodes)]

@@ -31,7 +31,7 @@ class WorkerProc:
     def __init__(self, parallel_config: ParallelConfig):
         self.rank = parallel_config.node_rank
         self.context = zmq.Context()
-        self.heartbeat = channel.HeartbeatClient(self.context, parallel_config)
+        self.heartbeat = channel.rank_heartbeat_client(self.context, parallel_config)
         self.control = self.context.socket(zmq.DEALER)
         self.control.setsockopt(zmq.IDENTITY, channel.rank_identity(self.rank))
         self.control.connect(channel.control_address(parallel_config))

@@ -2,8 +2,8 @@
 
 Axes are `data` and `model`. Tensor parallelism spreads heads, MLP width and vocabulary over
 `model` (see rules.py). Data parallelism runs independent engine replicas, each with its own
-scheduler and KV pool, so one replica's mesh has `data` of size 1; replica r takes the r-th
-group of `tensor_parallel_size` consecutive devices. Keeping the `data` axis on every mesh
+scheduler and KV pool, so one replica's mesh has `data` of size 1; replica r takes its host's
+(r - data_parallel_start_rank)-th group of consecutive devices. Keeping the `data` axis on every mesh
 lets the same specs serve a mesh that later batches several replicas in one program.
 """
 
@@ -20,14 +20,14 @@ MESH_AXES = ("data", "model")
 
 
 def device_groups(parallel_config: ParallelConfig, devices: Sequence | None = None) -> list[list]:
-    """The devices of each data-parallel replica: `data_parallel_size` disjoint groups of
-    `pipeline_parallel_size` x `tensor_parallel_size` devices (stage by stage), taken in order
-    from `devices` (default: `jax.devices()`)."""
+    """The devices of each data-parallel replica on this host: `local_data_parallel_size`
+    disjoint groups of `pipeline_parallel_size` x `tensor_parallel_size` devices (stage by
+    stage), taken in order from `devices` (default: `jax.devices()`)."""
     devices = list(jax.devices() if devices is None else devices)
     tp, pp, dp = (
         parallel_config.tensor_parallel_size,
         parallel_config.pipeline_parallel_size,
-        parallel_config.data_parallel_size,
+        parallel_config.local_data_parallel_size,
     )
     if min(tp, pp, dp) < 1:
         raise ValueError(
@@ -52,12 +52,12 @@ def make_stage_meshes(parallel_config: ParallelConfig, devices: Sequence | None 
     """One mesh per pipeline stage of replica `parallel_config.data_parallel_rank`, each of
     shape (1, tensor_parallel_size), on consecutive devices of the replica's group."""
     groups = device_groups(parallel_config, devices)
-    rank = parallel_config.data_parallel_rank
-    if not 0 <= rank < len(groups):
-        raise ValueError(f"data_parallel_rank must be in [0, {len(groups) - 1}], got {rank}.")
+    rank, first = parallel_config.data_parallel_rank, parallel_config.data_parallel_start_rank
+    if not first <= rank < first + len(groups):
+        raise ValueError(f"data_parallel_rank must be in [{first}, {first + len(groups) - 1}], got {rank}.")
     # Auto axes: XLA propagates shardings from the params and the few constraints the model
     # sets, as the rules table intends (Explicit axes would demand a spec for every op).
-    stages = np.asarray(groups[rank], dtype=object).reshape(parallel_config.pipeline_parallel_size, 1, -1)
+    stages = np.asarray(groups[rank - first], dtype=object).reshape(parallel_config.pipeline_parallel_size, 1, -1)
     return [Mesh(stage, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES)) for stage in stages]
 
 
