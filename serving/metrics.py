@@ -27,7 +27,9 @@ class ServerMetrics:
     def __init__(self, engine: AsyncLLM, model_name: str, prefix: str = "vjx"):
         """`prefix`: "vjx" or "vllm" (`--metrics-prefix`), the start of every metric's name."""
         config = engine.config
-        self.stat_logger = PrometheusStatLogger(model_name, config.model_config.max_model_len, prefix)
+        self.stat_logger = PrometheusStatLogger(
+            model_name, config.model_config.max_model_len, prefix, num_speculative_tokens=config.num_speculative_tokens
+        )
         self.stat_logger.log_cache_config(config.cache_config, engine.engine_core.ready.num_gpu_blocks)
         self.registry = self.stat_logger.registry
         self.totals: SchedulerStats | None = None
@@ -53,6 +55,7 @@ class ServerMetrics:
                 num_preemptions=totals.num_preemptions + stats.num_preemptions,
                 num_prefix_queried_tokens=totals.num_prefix_queried_tokens + stats.num_prefix_queried_tokens,
                 num_prefix_hit_tokens=totals.num_prefix_hit_tokens + stats.num_prefix_hit_tokens,
+                spec_decoding_stats=totals.spec_decoding_stats + stats.spec_decoding_stats,
             )
         )
 

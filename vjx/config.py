@@ -167,6 +167,21 @@ class StructuredOutputsConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding (vLLM's `speculative_config`, parsed by vjx/spec_decode/config.py):
+    each step verifies up to `num_speculative_tokens` draft tokens per decoding request."""
+
+    method: str
+    """"ngram": drafts copied from the request's own tokens after an earlier match of its last
+    n-gram (prompt lookup)."""
+    num_speculative_tokens: int
+    prompt_lookup_min: int = 5
+    """The shortest n-gram that may match."""
+    prompt_lookup_max: int = 5
+    """The longest n-gram tried first."""
+
+
+@dataclasses.dataclass(frozen=True)
 class VjxConfig:
     """Everything one engine needs to know, built once by `EngineArgs.create_engine_config`."""
 
@@ -181,6 +196,13 @@ class VjxConfig:
     structured_outputs_config: StructuredOutputsConfig = StructuredOutputsConfig()
     profile_host: bool = False
     """EngineCore times the host's part of every step and logs it (vjx/engine/step_profiler.py)."""
+    speculative_config: SpeculativeConfig | None = None
+    """None: no speculative decoding."""
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        """Draft tokens a request may verify per step (0 without speculative decoding)."""
+        return 0 if self.speculative_config is None else self.speculative_config.num_speculative_tokens
 
     @property
     def num_steps_in_flight(self) -> int:

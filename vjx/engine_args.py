@@ -16,7 +16,16 @@ import jax
 import transformers
 
 from vjx.attention.backend import default_backend_name
-from vjx.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, StructuredOutputsConfig, VjxConfig
+from vjx.config import (
+    CacheConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+    StructuredOutputsConfig,
+    VjxConfig,
+)
+from vjx.engine.parallel_args import verify_data_parallel, verify_multi_node
 from vjx.engine.vllm_args import FLAG_ALIASES, SERVER, VLLM_ARG_BY_NAME, VllmCompatArgs, verify_vllm_args
 from vjx.kv_cache_interface import KV_CACHE_DTYPES
 from vjx.models import hub
@@ -25,6 +34,7 @@ from vjx.quantization import QUANTIZATION_METHODS, get_quantization_config
 from vjx.sampling_params import SamplingParams
 from vjx.sharding.mesh import device_groups
 from vjx.sharding.pipeline import stage_layer_ranges
+from vjx.spec_decode.config import create_speculative_config, merge_spec_shorthands
 from vjx.utils.argparse_utils import flag_kwargs, json_object
 
 logger = logging.getLogger(__name__)
@@ -220,6 +230,15 @@ class EngineArgs(VllmCompatArgs):
         29501,
         "JAX's coordinator port on rank 0; vjx's control channel takes the next two (environment: VJX_MASTER_PORT).",
     )
+    speculative_config: dict[str, typing.Any] | None = _field(
+        None,
+        "Speculative decoding, with vLLM's keys (a JSON object on the command line), e.g. "
+        '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}: each step verifies '
+        "the drafts of every decoding request and keeps the tokens the model itself would draw.",
+    )
+    spec_method: str | None = _field(None, "Shorthand for speculative_config's method.")
+    spec_model: str | None = _field(None, "Shorthand for speculative_config's model.")
+    spec_tokens: int | None = _field(None, "Shorthand for speculative_config's num_speculative_tokens.")
     load_format: str = _field("auto", f"How to read weights: one of {_LOAD_FORMATS}.")
     quantization: str | None = _field(
         None,
@@ -256,6 +275,8 @@ class EngineArgs(VllmCompatArgs):
             if getattr(self, name) == default and env in os.environ:
                 setattr(self, name, type(default)(os.environ[env]))
         verify_vllm_args(self)
+        # A speculative_config vjx cannot run is refused before any model loads.
+        self._speculative_config()
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {list(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}.")
         if self.distributed_executor_backend not in (None, *_EXECUTOR_BACKENDS):
@@ -339,12 +360,13 @@ class EngineArgs(VllmCompatArgs):
             multiprocess=self._multiprocess(),
             structured_outputs_config=StructuredOutputsConfig(reasoning_parser=self.reasoning_parser),
             profile_host=self.profile_host,
+            speculative_config=self._speculative_config(),
         )
 
     def create_parallel_config(self) -> ParallelConfig:
         """The layout over devices (replica 0's; each replica's engine takes its own rank)."""
-        self._verify_multi_node()
-        self._verify_data_parallel()
+        verify_multi_node(self)
+        verify_data_parallel(self)
         return ParallelConfig(
             tensor_parallel_size=self.tensor_parallel_size,
             pipeline_parallel_size=self.pipeline_parallel_size,
@@ -493,55 +515,6 @@ class EngineArgs(VllmCompatArgs):
             async_scheduling=self._async_scheduling(),
         )
 
-    def _verify_multi_node(self) -> None:
-        if self.nnodes < 1:
-            raise ValueError(f"nnodes must be >= 1, got {self.nnodes}.")
-        if not 0 <= self.node_rank < self.nnodes:
-            raise ValueError(
-                f"node_rank must be in [0, {self.nnodes - 1}] (nnodes={self.nnodes}), got {self.node_rank}."
-            )
-        if not 1 <= self.master_port <= 65533:
-            raise ValueError(
-                f"master_port must be in [1, 65533] (vjx takes the next two ports too), got {self.master_port}."
-            )
-        if self.distributed_executor_backend == "ray":
-            self._verify_ray()
-        if self.nnodes == 1:
-            return
-        if self.distributed_executor_backend == "uni":
-            raise ValueError(
-                f"distributed_executor_backend='uni' drives one host's devices; nnodes={self.nnodes} needs 'mp'."
-            )
-        if self.data_parallel_size > 1:
-            raise ValueError(
-                f"data_parallel_size={self.data_parallel_size} with nnodes={self.nnodes}: an engine over several "
-                "hosts serves tensor parallelism; for replicas on several hosts leave nnodes at 1 and set "
-                "data_parallel_size_local (and on the other hosts `vjx serve --headless "
-                "--data-parallel-start-rank ...`)."
-            )
-        if self.multiprocess is False:
-            raise ValueError(f"multiprocess=False with nnodes={self.nnodes}: rank 0's engine runs in its own process.")
-
-    def _verify_data_parallel(self) -> None:
-        """The replicas of this host are ranks [start, start + local) of data_parallel_size."""
-        size, start = self.data_parallel_size, self.data_parallel_start_rank or 0
-        local = size if self.data_parallel_size_local is None else self.data_parallel_size_local
-        if not 0 <= start < size:
-            raise ValueError(f"data_parallel_start_rank must be in [0, {size - 1}], got {start}.")
-        if not 1 <= local <= size - start:
-            raise ValueError(
-                f"data_parallel_size_local must be in [1, {size - start}] (data_parallel_size={size}, "
-                f"data_parallel_start_rank={start}), got {local}."
-            )
-        port = self.data_parallel_rpc_port
-        if port is not None and not 1 <= port <= 65533:
-            raise ValueError(f"data_parallel_rpc_port must be in [1, 65533] (vjx takes the next two too), got {port}.")
-        if local < size and self.multiprocess is False:
-            raise ValueError(
-                f"multiprocess=False with data_parallel_size_local={local} < data_parallel_size={size}: the "
-                "replicas on other hosts are reached from engine processes."
-            )
-
     def _verify_pipeline(self, hf_text_config, quant_config) -> None:
         if self.pipeline_parallel_size == 1:
             return
@@ -557,15 +530,6 @@ class EngineArgs(VllmCompatArgs):
                 "is not built yet."
             )
 
-    def _verify_ray(self) -> None:
-        if importlib.util.find_spec("ray") is None:
-            raise ValueError("distributed_executor_backend='ray' needs Ray: pip install 'vjx[ray]'.")
-        if self.tensor_parallel_size % self.nnodes:
-            raise ValueError(
-                f"distributed_executor_backend='ray' gives each of nnodes={self.nnodes} hosts the same "
-                f"number of devices: tensor_parallel_size must be a multiple of it, got {self.tensor_parallel_size}."
-            )
-
     def _multiprocess(self) -> bool:
         if self.nnodes > 1 or self.create_parallel_config().local_data_parallel_size < self.data_parallel_size:
             # A rank's death must not hang the caller: the engine process is ended instead.
@@ -578,7 +542,25 @@ class EngineArgs(VllmCompatArgs):
             raise ValueError("multiprocess=True needs pyzmq and msgspec (pip install 'vjx[serve]').")
         return self.multiprocess
 
+    def _speculative_config_dict(self) -> dict[str, typing.Any] | None:
+        return merge_spec_shorthands(self.speculative_config, self.spec_method, self.spec_model, self.spec_tokens)
+
+    def _speculative_config(self) -> SpeculativeConfig | None:
+        config = create_speculative_config(self._speculative_config_dict())
+        if config is not None and self.pipeline_parallel_size > 1:
+            raise ValueError(
+                f"speculative_config with pipeline_parallel_size={self.pipeline_parallel_size} is not built yet."
+            )
+        if config is not None and self.async_scheduling:
+            raise ValueError(
+                "speculative_config with async_scheduling=True is not built yet: the drafts of a step "
+                "come from the tokens of the one before; leave async_scheduling unset."
+            )
+        return config
+
     def _async_scheduling(self) -> bool:
+        if self._speculative_config_dict():
+            return False
         if self.async_scheduling is None:
             return jax.default_backend() != "cpu"
         return self.async_scheduling

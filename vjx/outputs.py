@@ -83,6 +83,8 @@ class ModelRunnerOutput:
     failed_req_ids: set[str] = dataclasses.field(default_factory=set)
     """Scheduled requests the runner could not run (the error is logged): the scheduler
     finishes them with `FinishReason.ERROR`; the rest of the step ran."""
+    spec_token_ids: list[list[int]] | None = None
+    """Speculative decoding: per row, the drafts proposed for the request's next step."""
 
 
 @dataclasses.dataclass

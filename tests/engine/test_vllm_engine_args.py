@@ -104,7 +104,10 @@ def test_unsupported_fields_raise_naming_the_field(name):
         ({"decode_context_parallel_size": 2}, "decode_context_parallel_size=2 is not supported by vjx"),
         ({"quantization": "bitsandbytes"}, "quantization='bitsandbytes' is not supported by vjx"),
         ({"enable_lora": True}, "enable_lora=True is not supported by vjx"),
-        ({"speculative_config": {"method": "ngram"}}, "speculative_config={'method': 'ngram'} is not supported"),
+        (
+            {"speculative_config": {"method": "eagle3", "model": "x", "num_speculative_tokens": 2}},
+            "speculative_config method='eagle3' is not built yet",
+        ),
         ({"kv_transfer_config": {"kv_connector": "x"}}, "kv_transfer_config={'kv_connector': 'x'} is not supported"),
         (
             {"distributed_executor_backend": "external_launcher"},

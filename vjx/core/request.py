@@ -87,6 +87,8 @@ class Request:
         """Scheduler events not yet sent with an output (for the front end's timing metrics)."""
         self.structured_output_request: StructuredOutputRequest | None = None
         """Its grammar, when its sampling params constrain the output (set by the engine core)."""
+        self.spec_token_ids: list[int] = []
+        """Draft tokens proposed for its next step (speculative decoding), verified there."""
 
     @classmethod
     def from_engine_core_request(cls, request: EngineCoreRequest) -> "Request":
@@ -103,6 +105,11 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        """Its tokens and its drafts: what the next step may compute."""
+        return len(self.all_token_ids) + len(self.spec_token_ids)
 
     @property
     def num_output_tokens(self) -> int:

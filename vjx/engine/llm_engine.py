@@ -140,7 +140,11 @@ class LLMEngine:
     def _make_stat_logger(self) -> PrometheusStatLogger:
         """vLLM's metrics in this engine's own registry, named `vjx:` and labelled with the model."""
         config = self.config
-        stat_logger = PrometheusStatLogger(config.model_config.model, config.model_config.max_model_len)
+        stat_logger = PrometheusStatLogger(
+            config.model_config.model,
+            config.model_config.max_model_len,
+            num_speculative_tokens=config.num_speculative_tokens,
+        )
         core = self.engine_core
         num_gpu_blocks = core.ready.num_gpu_blocks if config.multiprocess else core.engine_core.num_gpu_blocks
         stat_logger.log_cache_config(config.cache_config, num_gpu_blocks)

@@ -39,7 +39,7 @@ _NO_REMOTE_CODE = "vjx runs only its built-in architectures, so no remote code i
 _TEXT_ONLY = "vjx loads text-only language models, so no media is read"
 _MM = "multimodal inputs are not built yet"
 _LORA = "LoRA adapters are not built yet"
-_SPEC = "speculative decoding is not built yet"
+_SPEC = "per-request speculative decoding metrics are not built yet"
 _EP = "vjx runs expert parallelism as enable_expert_parallel (local experts, then an all-reduce); this is not built"
 _DBO = "dual-batch overlap is not built yet"
 _MULTI_NODE = "data-parallel replicas launched from outside (external or hybrid load balancing) are not built yet"
@@ -263,10 +263,10 @@ VLLM_ARGS: tuple[VllmArg, ...] = tuple(
         ("aux_output_config", None, "json", UNSUPPORTED, "auxiliary outputs are not built yet"),
         ("reasoning_parser", "", "str", VJX, ""),
         ("reasoning_parser_plugin", None, "str", UNSUPPORTED, _STRUCTURED),
-        ("speculative_config", None, "json", UNSUPPORTED, _SPEC),
-        ("spec_method", None, "str", UNSUPPORTED, _SPEC),
-        ("spec_model", None, "str", UNSUPPORTED, _SPEC),
-        ("spec_tokens", None, "int", UNSUPPORTED, _SPEC),
+        ("speculative_config", None, "json", VJX, ""),
+        ("spec_method", None, "str", VJX, ""),
+        ("spec_model", None, "str", VJX, ""),
+        ("spec_tokens", None, "int", VJX, ""),
         ("watermark_config", None, "json", UNSUPPORTED, "output watermarking is not built yet"),
         ("diffusion_config", None, "json", UNSUPPORTED, "diffusion models are not built yet"),
         ("show_hidden_metrics_for_version", None, "str", UNSUPPORTED, _METRICS),

@@ -33,6 +33,11 @@ _COUNTERS = {
     "prompt_tokens_cached": "Number of cached prompt tokens (local + external).",
     "generation_tokens": "Number of generation tokens processed.",
 }
+_SPEC_DECODE_COUNTERS = {
+    "num_drafts": "Number of spec decoding drafts.",
+    "num_draft_tokens": "Number of draft tokens.",
+    "num_accepted_tokens": "Number of accepted tokens.",
+}
 # name: (documentation, bucket family); "request_tokens" buckets run up to max_model_len.
 _HISTOGRAMS = {
     "request_prompt_tokens": ("Number of prefill tokens processed.", "request_tokens"),
@@ -87,7 +92,15 @@ _HISTOGRAMS = {
 class PrometheusStatLogger:
     """Records `SchedulerStats` (gauges now, counts since the last ask) and `IterationStats`."""
 
-    def __init__(self, model_name: str, max_model_len: int, prefix: str = "vjx", engine_index: int = 0):
+    def __init__(
+        self,
+        model_name: str,
+        max_model_len: int,
+        prefix: str = "vjx",
+        engine_index: int = 0,
+        num_speculative_tokens: int = 0,
+    ):
+        """`num_speculative_tokens` > 0 (speculative decoding on) adds vLLM's spec_decode counters."""
         if prefix not in METRICS_PREFIXES:
             raise ValueError(f"metrics prefix must be one of {METRICS_PREFIXES}, got {prefix!r}.")
         self.prefix = prefix + ":"
@@ -97,6 +110,9 @@ class PrometheusStatLogger:
         self._make_scheduler_gauges()
         self.counters = {name: self._labelled(Counter, name, doc) for name, doc in _COUNTERS.items()}
         self.histograms = {name: self._make_histogram(name, *spec) for name, spec in _HISTOGRAMS.items()}
+        self.spec_decode_counters = {}
+        if num_speculative_tokens:
+            self._make_spec_decode_counters(num_speculative_tokens)
         by_source = self._family(Counter, "prompt_tokens_by_source", "Number of prompt tokens by source.", "source")
         self.prompt_tokens_by_source = {
             s: by_source.labels(**self.label_values, source=s) for s in _PROMPT_TOKEN_SOURCES
@@ -133,6 +149,18 @@ class PrometheusStatLogger:
     def _make_histogram(self, name: str, documentation: str, family) -> Histogram:
         bounds = self._request_tokens_buckets if family == "request_tokens" else family
         return self._labelled(Histogram, name, documentation, buckets=bounds)
+
+    def _make_spec_decode_counters(self, num_speculative_tokens: int) -> None:
+        """vLLM's spec_decode counters, only when speculative decoding is on (as vLLM)."""
+        self.spec_decode_counters = {
+            name: self._labelled(Counter, "spec_decode_" + name, doc) for name, doc in _SPEC_DECODE_COUNTERS.items()
+        }
+        per_pos = self._family(
+            Counter, "spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.", "position"
+        )
+        self.accepted_per_pos = [
+            per_pos.labels(**self.label_values, position=str(p)) for p in range(num_speculative_tokens)
+        ]
 
     def _make_scheduler_gauges(self) -> None:
         self.num_requests_running = self._labelled(
@@ -188,6 +216,12 @@ class PrometheusStatLogger:
         self.counters["prefix_cache_hits"].inc(stats.num_prefix_hit_tokens)
         self.cached_by_source["device"].inc(stats.num_prefix_hit_tokens)
         self.record_sleep_state(stats.sleep_level)
+        if self.spec_decode_counters:
+            spec = stats.spec_decoding_stats
+            for name, counter in self.spec_decode_counters.items():
+                counter.inc(getattr(spec, name))
+            for counter, accepted in zip(self.accepted_per_pos, spec.num_accepted_tokens_per_pos):
+                counter.inc(accepted)
 
     def record_sleep_state(self, level: int | None) -> None:
         """vLLM's sleep gauges: awake, or asleep with level 1 (weights offloaded) or 2 (all discarded)."""

@@ -1,7 +1,7 @@
 """The sampling metadata of one step: per-row device arrays and static flags.
 
 Legend: R sampled rows (the request bucket `Rs` of the step), V vocab, L token history
-length, S stop tokens per row, B bad words per row, W tokens per bad word, M = ceil(V / 32)
+length, K stop tokens per row, B bad words per row, W tokens per bad word, M = ceil(V / 32)
 grammar mask words.
 
 The model runner builds these arrays every step; every field keeps its shape and dtype from

@@ -129,6 +129,11 @@ class InputBatch:
         self.token_ids_cpu[rows, self.num_tokens[rows]] = token_ids
         self.num_tokens[rows] += 1
 
+    def append_token_list(self, row: int, token_ids: list[int]) -> None:
+        """Several tokens to one row (accepted drafts and the token after them)."""
+        self.token_ids_cpu[row, self.num_tokens[row] : self.num_tokens[row] + len(token_ids)] = token_ids
+        self.num_tokens[row] += len(token_ids)
+
 
 def _uses_general_step(params: SamplingParams) -> bool:
     uses_filter = params.top_k > 0 or params.top_p < 1.0 or params.min_p > 0.0

@@ -28,12 +28,14 @@ from vjx.kv_cache_interface import KVCacheConfig
 from vjx.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vjx.sharding.pipeline import stage_layer_ranges
 from vjx.sharding.placement import filled, put_replicated
+from vjx.spec_decode.ngram_proposer import NgramProposer
+from vjx.spec_decode.sample_positions import SPEC_DECODE_INPUTS, accepted_tokens, sample_positions
 from vjx.worker.compile_watch import CompileWatch
 from vjx.worker.input_batch import CachedRequestState, InputBatch
 from vjx.worker.pipeline_step import PipelinePlan, compile_pipeline_step, make_pipeline_plan
 from vjx.worker.slot_tables import SlotTables
 from vjx.worker.step import compile_step
-from vjx.worker.step_inputs import has_logit_bias, min_tokens_stop_ids
+from vjx.worker.step_inputs import STEP_INPUTS, has_logit_bias, min_tokens_stop_ids
 from vjx.worker.step_layout import GENERAL, PLAIN, PackedBuffer, StepFeatures, StepLayout, token_buckets
 from vjx.worker.step_outputs import StepRecord, collect_logprobs
 
@@ -79,18 +81,10 @@ class ModelRunner:
         self.graphdef, state = nnx.split(model)
         self.param_leaves, self.treedef = jax.tree.flatten(state)
         self.plan = self._plan_pipeline(model, state, stage_meshes)
-        self.layouts = {
-            t: StepLayout(
-                t,
-                min(t, self.max_num_reqs),
-                self.max_num_reqs,
-                max_blocks,
-                config.model_config.max_logprobs,
-                self.num_kv_cache_groups,
-                num_bitmask_words=-(-config.model_config.hf_text_config.vocab_size // 32),
-            )
-            for t in token_buckets(sched.max_num_batched_tokens)
-        }
+        self.max_model_len = sched.max_model_len
+        self.num_spec_tokens = config.num_speculative_tokens
+        self.drafter = NgramProposer(config.speculative_config) if self.num_spec_tokens else None
+        self.layouts = self._make_layouts(config, max_blocks)
         self._no_grammar: dict[int, jax.Array] = {}
         """Per request bucket, grammar bans of all zeros on the device (no row constrained)."""
         # Host buffers per bucket, used in turn, one per step in flight (at least two): the CPU
@@ -103,13 +97,32 @@ class ModelRunner:
         self._num_steps = 0
         self._compiled = {}
         self._seed_rng = np.random.default_rng(config.model_config.seed)
-        self._last_sampled = self._no_last_sampled = filled((self.max_num_reqs,), np.int32, 0, self.replicated)
+        max_num_samples = self.max_num_reqs * (self.num_spec_tokens + 1)
+        self._last_sampled = self._no_last_sampled = filled((max_num_samples,), np.int32, 0, self.replicated)
         self._sample_index_by_slot = np.full(self.max_num_reqs, -1, np.int32)
         """Per slot, the index in the last dispatched step's output of the token it samples
         for the slot's request (-1: none)."""
         self.compile_watch = CompileWatch()
         self._failed_req_ids: set[str] = set()
         """Requests that failed to enter the batch, until the scheduler reports them finished."""
+
+    def _make_layouts(self, config: VjxConfig, max_blocks: int) -> dict[int, StepLayout]:
+        """One layout per token bucket; with speculative decoding its inputs join the table."""
+        table = STEP_INPUTS.with_inputs(*SPEC_DECODE_INPUTS) if self.num_spec_tokens else STEP_INPUTS
+        return {
+            t: StepLayout(
+                t,
+                min(t, self.max_num_reqs),
+                self.max_num_reqs,
+                max_blocks,
+                config.model_config.max_logprobs,
+                self.num_kv_cache_groups,
+                num_bitmask_words=-(-config.model_config.hf_text_config.vocab_size // 32),
+                num_spec_tokens=self.num_spec_tokens,
+                table=table,
+            )
+            for t in token_buckets(config.scheduler_config.max_num_batched_tokens)
+        }
 
     def _plan_pipeline(self, model: nnx.Module, state, stage_meshes: Sequence[Mesh]) -> PipelinePlan | None:
         """With several stages: their plan; the stage copies of leaves join `param_leaves`."""
@@ -167,7 +180,8 @@ class ModelRunner:
             return AsyncModelRunnerOutput(lambda: ModelRunnerOutput([], {}, [], failed_req_ids=failed))
         rows, num_tokens = self._order_rows(scheduled)
         layout = self._layout_for(int(num_tokens.sum()))
-        buffer, record = self._prepare_inputs(layout, rows, num_tokens)
+        drafts = self._write_drafts(rows, scheduler_output.scheduled_spec_decode_tokens)
+        buffer, record = self._prepare_inputs(layout, rows, num_tokens, drafts)
         grammar_bans = self._grammar_bans(layout, scheduler_output, record.req_ids)
         features = self._features(buffer.fields, rows, record)
         if scheduler_output.grammar_bitmask is not None:
@@ -188,7 +202,8 @@ class ModelRunner:
             )
         self._last_sampled = sampled
         self._sample_index_by_slot.fill(-1)
-        self._sample_index_by_slot[rows[record.is_sampling]] = np.flatnonzero(record.is_sampling)
+        if not self.num_spec_tokens:
+            self._sample_index_by_slot[rows[record.is_sampling]] = np.flatnonzero(record.is_sampling)
         return AsyncModelRunnerOutput(lambda: self._collect(record, sampled, logprobs, prompt_logprobs, failed))
 
     def _grammar_bans(self, layout: StepLayout, so: SchedulerOutput, req_ids: list[str]) -> jax.Array:
@@ -316,8 +331,18 @@ class ModelRunner:
                 return layout
         raise ValueError(f"{total_tokens} tokens exceed the largest bucket {num_tokens}.")
 
+    def _write_drafts(self, rows: np.ndarray, spec_tokens: dict[str, list[int]]) -> list[list[int]]:
+        """Each row's drafts (speculative decoding), written after its tokens, where the step
+        reads its input ids; the row's token count stays (they are not its tokens yet)."""
+        batch = self.input_batch
+        drafts = [spec_tokens.get(batch.req_ids[row], []) if spec_tokens else [] for row in rows.tolist()]
+        for row, row_drafts in zip(rows.tolist(), drafts):
+            if row_drafts:
+                batch.token_ids_cpu[row, batch.num_tokens[row] : batch.num_tokens[row] + len(row_drafts)] = row_drafts
+        return drafts
+
     def _prepare_inputs(
-        self, layout: StepLayout, rows: np.ndarray, num_tokens: np.ndarray
+        self, layout: StepLayout, rows: np.ndarray, num_tokens: np.ndarray, drafts: list[list[int]]
     ) -> tuple[PackedBuffer, StepRecord]:
         """The filled step buffer, and what `_collect` needs to know of the step."""
         batch = self.input_batch
@@ -330,18 +355,13 @@ class ModelRunner:
         row_of_token = np.repeat(np.arange(num_rows), num_tokens)
         positions = start[row_of_token] + np.arange(total) - (cu - num_tokens)[row_of_token]
         token_rows = rows[row_of_token]
+        num_drafts = np.fromiter(map(len, drafts), np.int32, num_rows)
         # A token not on the host yet was sampled by the last dispatched step, for the
         # request that holds the same slot now (a request changes slots only off the batch).
-        is_pending = positions >= batch.num_tokens[token_rows]
+        is_pending = positions >= batch.num_tokens[token_rows] + num_drafts[row_of_token]
         prev_sampled_index = np.where(is_pending, self._sample_index_by_slot[token_rows], -1)
         num_pending = np.bincount(row_of_token[is_pending], minlength=num_rows)
-        has_target = (batch.num_prompt_logprobs[token_rows] >= 0) & (
-            positions + 1 < batch.num_prompt_tokens[token_rows]
-        )
-        targets = _NO_TARGETS  # the common case: the field keeps its padding
-        if has_target.any():
-            targets = np.full(total, -1, np.int32)
-            targets[has_target] = batch.token_ids_cpu[token_rows[has_target], positions[has_target] + 1]
+        has_target, targets = self._prompt_logprobs_targets(token_rows, positions)
         query_start_loc = np.full(layout.num_reqs + 1, total, np.int32)
         query_start_loc[0] = 0
         query_start_loc[1 : num_rows + 1] = cu
@@ -357,6 +377,10 @@ class ModelRunner:
             "num_seqs": np.array([num_rows], np.int32),
             **self._prepare_sampling(rows, cu - 1, num_pending),
         }
+        sample_starts = None
+        if self.num_spec_tokens:
+            sample_starts, positions_values = sample_positions(num_drafts, cu, start + num_tokens)
+            values.update(positions_values)
         layout.table.fill(buffer.fields, batch.columns, rows, values)
         for group, table in enumerate(batch.block_table.block_tables):
             buffer.set_block_tables(table.block_table, rows, int(table.num_blocks_per_row[rows].max()), group)
@@ -369,8 +393,23 @@ class ModelRunner:
             may_send_prompt_logprobs=batch.num_prompt_logprobs[rows] >= 0,
             token_rows=row_of_token,
             has_prompt_target=has_target,
+            drafts=drafts,
+            sample_starts=sample_starts,
         )
         return buffer, record
+
+    def _prompt_logprobs_targets(self, token_rows: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per token: whether the step computes the logprob of the prompt token after it, and
+        that token (-1 elsewhere)."""
+        batch = self.input_batch
+        has_target = (batch.num_prompt_logprobs[token_rows] >= 0) & (
+            positions + 1 < batch.num_prompt_tokens[token_rows]
+        )
+        if not has_target.any():
+            return has_target, _NO_TARGETS  # the common case: the field keeps its padding
+        targets = np.full(len(positions), -1, np.int32)
+        targets[has_target] = batch.token_ids_cpu[token_rows[has_target], positions[has_target] + 1]
+        return has_target, targets
 
     def _slot_mapping(self, token_rows: np.ndarray, positions: np.ndarray) -> list[np.ndarray]:
         """Per KV cache group, the cache slot each token's K/V goes to."""
@@ -402,15 +441,22 @@ class ModelRunner:
         was dispatched: its token still goes to the scheduler, which decides what to keep.
         """
         num_rows = len(record.req_ids)
-        tokens = np.asarray(sampled)[:num_rows]
-        sampled_token_ids = [
-            [token] if is_sampling else [] for token, is_sampling in zip(tokens.tolist(), record.is_sampling.tolist())
-        ]
-        self._append_sampled_tokens(record, tokens)
+        if self.num_spec_tokens:
+            sampled_token_ids = accepted_tokens(record, np.asarray(sampled))
+            self._append_token_lists(record, sampled_token_ids)
+        else:
+            tokens = np.asarray(sampled)[:num_rows]
+            sampled_token_ids = [
+                [token] if is_sampling else []
+                for token, is_sampling in zip(tokens.tolist(), record.is_sampling.tolist())
+            ]
+            self._append_sampled_tokens(record, tokens)
         output = ModelRunnerOutput(
             record.req_ids, dict(zip(record.req_ids, range(num_rows))), sampled_token_ids, failed_req_ids=failed
         )
         collect_logprobs(record, logprobs, prompt_logprobs, self.requests, output)
+        if self.drafter is not None:
+            output.spec_token_ids = self._propose_drafts(record, sampled_token_ids)
         return output
 
     def _append_sampled_tokens(self, record: StepRecord, tokens: np.ndarray) -> None:
@@ -424,3 +470,42 @@ class ModelRunner:
             state = self.requests.get(record.req_ids[i])
             if state is not None:
                 state.output_token_ids.append(int(tokens[i]))
+
+    def _append_token_lists(self, record: StepRecord, token_lists: list[list[int]]) -> None:
+        """`_append_sampled_tokens` for rows that may keep several tokens (speculative decoding)."""
+        batch = self.input_batch
+        is_in_batch = batch.slot_versions[record.rows] == record.slot_versions
+        for i, tokens in enumerate(token_lists):
+            if not tokens:
+                continue
+            if is_in_batch[i]:
+                batch.append_token_list(int(record.rows[i]), tokens)
+            elif (state := self.requests.get(record.req_ids[i])) is not None:
+                state.output_token_ids.extend(tokens)
+
+    def _propose_drafts(self, record: StepRecord, token_lists: list[list[int]]) -> list[list[int]]:
+        """Per row, the drafts for its request's next step, from its tokens now."""
+        batch = self.input_batch
+        drafts = []
+        for i, tokens in enumerate(token_lists):
+            row, state = int(record.rows[i]), self.requests.get(record.req_ids[i])
+            if not tokens or state is None or batch.slot_versions[row] != record.slot_versions[i]:
+                drafts.append([])
+                continue
+            row_tokens = batch.token_ids_cpu[row, : batch.num_tokens[row]]
+            drafts.append(self.drafter.propose(row_tokens, self._max_drafts(state, row)))
+        return drafts
+
+    def _max_drafts(self, state: CachedRequestState, row: int) -> int:
+        """How many drafts the request's next step may verify: none under a grammar (its mask
+        follows the request's tokens) or below min_tokens (its stop-token bans change per
+        position); else up to max_model_len, and one short of max_tokens (the step adds one)."""
+        batch, params = self.input_batch, state.sampling_params
+        num_tokens = int(batch.num_tokens[row])
+        num_outputs = num_tokens - int(batch.num_prompt_tokens[row])
+        if params.structured_outputs is not None or num_outputs < batch.min_tokens[row]:
+            return 0
+        limit = self.max_model_len - num_tokens
+        if params.max_tokens is not None:
+            limit = min(limit, params.max_tokens - num_outputs - 1)
+        return limit

@@ -10,7 +10,8 @@ predecessor's tokens reach the host, and the tokens it needs are read from there
 step input table's (step_inputs.py).
 
 Legend: R rows, T tokens, D hidden, V vocab, K1 = max_logprobs + 1, N history rows (one per
-slot; a padding token's slot N writes nowhere), L max_model_len, MR max_num_reqs, P the packed
+slot; a padding token's slot N writes nowhere), L max_model_len, MS max_num_samples (max_num_reqs
+without speculative decoding), S the step's sampling positions, P the packed
 buffer's length, M = ceil(V / 32) words of a row's grammar bans (all zeros: no grammar).
 """
 
@@ -26,6 +27,7 @@ from vjx.sampling.logprobs import compute_logprobs
 from vjx.sampling.metadata import SamplingMetadata
 from vjx.sampling.sampler import sample
 from vjx.sharding.constraints import replicate
+from vjx.spec_decode.sample_positions import sample_positions_metadata
 from vjx.worker.step_layout import StepLayout
 
 # Prompt logprobs need the logits of every token: computed this many tokens at a time.
@@ -81,15 +83,15 @@ def _empty_logprobs(num_rows: int, k: int) -> Logprobs:
 
 
 def _sample_logprobs(
-    layout: StepLayout, logits: Float[Array, "R V"], sampled: Int[Array, " R"], num_logprobs: Int[Array, " R"]
+    layout: StepLayout, logits: Float[Array, "S V"], sampled: Int[Array, " S"], num_logprobs: Int[Array, " S"]
 ) -> Logprobs:
     """Logprobs of the raw logits for the sampled tokens, when some row asked for them."""
     if not layout.features.has_logprobs:
-        return _empty_logprobs(layout.num_reqs, layout.max_logprobs)
+        return _empty_logprobs(layout.num_samples, layout.max_logprobs)
     return jax.lax.cond(
         jnp.any(num_logprobs >= 0),
         lambda: compute_logprobs(logits, sampled, layout.max_logprobs),
-        lambda: _empty_logprobs(layout.num_reqs, layout.max_logprobs),
+        lambda: _empty_logprobs(layout.num_samples, layout.max_logprobs),
     )
 
 
@@ -127,14 +129,14 @@ def model_step(
     kv_caches: list[Array],
     history: Int[Array, "N L"],
     slot_tables: tuple[Array, Array],
-    prev_sampled: Int[Array, " MR"],
+    prev_sampled: Int[Array, " MS"],
     packed: Int[Array, " P"],
     grammar_bans: Int[Array, "R M"],
 ):
     """Forward the step's tokens, write their KV, and sample one token per row.
 
     Layer i attends with its KV cache group's metadata (`layer_group_ids[i]`). The sampled ids
-    are padded to MR = max_num_reqs rows, so every variant returns (and takes back as
+    are padded to MS = max_num_samples entries, so every variant returns (and takes back as
     `prev_sampled`) the same shape.
     """
     f = layout.unpack(packed)
@@ -145,7 +147,7 @@ def model_step(
     return kv_caches, *sample_step(layout, model, f, hidden, input_ids, history, slot_tables, grammar_bans)
 
 
-def step_input_ids(f: dict[str, Array], prev_sampled: Int[Array, " MR"]) -> Int[Array, " T"]:
+def step_input_ids(f: dict[str, Array], prev_sampled: Int[Array, " MS"]) -> Int[Array, " T"]:
     """The step's token ids: the packed ones, or the previous step's samples still on the device."""
     prev_index = f["prev_sampled_index"]
     return jnp.where(prev_index >= 0, prev_sampled[jnp.maximum(prev_index, 0)], f["input_ids"])
@@ -159,14 +161,20 @@ def layer_attention_metadata(layout: StepLayout, layer_group_ids: tuple[int, ...
 
 def sample_step(layout: StepLayout, model, f, hidden, input_ids, history, slot_tables, grammar_bans):
     """After the last layer: the history gets the step's tokens, then the final norm's hidden
-    states become logits, one sampled token per row (padded to MR rows) and the logprobs.
-    Returns (history, sampled, logprobs, prompt_logprobs)."""
+    states become logits, one sampled token per row (with drafts, per sampling position;
+    padded to `max_num_samples`) and the logprobs. Returns (history, sampled, logprobs,
+    prompt_logprobs)."""
     history = history.at[f["token_slots"], f["positions"]].set(input_ids, mode="drop")
-    logits = _logits(model, hidden[f["logits_indices"]])
-    sampled = sample(logits, _sampling_metadata(layout, f, history, slot_tables, grammar_bans))
-    logprobs = _sample_logprobs(layout, logits, sampled, f["num_logprobs"])
+    md = _sampling_metadata(layout, f, history, slot_tables, grammar_bans)
+    logits_indices, num_logprobs = f["logits_indices"], f["num_logprobs"]
+    if layout.num_spec_tokens:
+        md = sample_positions_metadata(md, f)
+        logits_indices, num_logprobs = f["spec_logits_indices"], num_logprobs[f["spec_sample_rows"]]
+    logits = _logits(model, hidden[logits_indices])
+    sampled = sample(logits, md)
+    logprobs = _sample_logprobs(layout, logits, sampled, num_logprobs)
     prompt_logprobs = _prompt_logprobs(layout, model, hidden, f["prompt_logprobs_targets"])
-    sampled = jnp.pad(sampled, (0, layout.max_num_reqs - layout.num_reqs))
+    sampled = jnp.pad(sampled, (0, layout.max_num_samples - layout.num_samples))
     return history, sampled, logprobs, prompt_logprobs
 
 
@@ -198,7 +206,7 @@ def compile_step(
         donate_argnums=(1, 2),
     )
     structs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
-    prev_sampled = jax.ShapeDtypeStruct((layout.max_num_reqs,), jnp.int32, sharding=replicated)
+    prev_sampled = jax.ShapeDtypeStruct((layout.max_num_samples,), jnp.int32, sharding=replicated)
     packed = jax.ShapeDtypeStruct((layout.size,), jnp.int32, sharding=replicated)
     grammar_bans = jax.ShapeDtypeStruct((layout.num_reqs, layout.num_bitmask_words), jnp.int32, sharding=replicated)
     with jax.set_mesh(mesh):

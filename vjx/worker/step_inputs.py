@@ -18,8 +18,8 @@ fields declared in vjx/sampling/metadata.py), or nowhere (the step reads it itse
 per-row sampling field is one `RequestColumn` row with `metadata=SAMPLING`, plus the code
 that uses it.
 
-Legend: T tokens (the bucket), R request rows, R1 = R + 1, G KV cache groups, W block table
-width, S min_tokens stop ids per row.
+Legend: T tokens (the bucket), R request rows, R1 = R + 1, S sampling positions (R without
+speculative decoding), G KV cache groups, W block table width, K min_tokens stop ids per row.
 """
 
 import dataclasses
@@ -52,6 +52,8 @@ class Per(enum.Enum):
     ROW = "R"
     ROW_BOUNDARY = "R1"
     """One more than the rows: row r's range starts at entry r and ends at entry r + 1."""
+    SAMPLE = "S"
+    """A sampling position (speculative decoding: a row samples after each of its drafts too)."""
     STEP = "1"
 
 
@@ -388,7 +390,7 @@ STEP_INPUTS = StepInputTable(
             RequestColumn(_stop_id_column),
             "The row's EOS (unless ignore_eos) and stop_token_ids, padded with -1 (none when they do not fit).",
             padding=-1,
-            width=Width("S", MAX_MIN_TOKENS_STOP_IDS),
+            width=Width("K", MAX_MIN_TOKENS_STOP_IDS),
             metadata=SAMPLING,
         ),
         # last, so the fields before it are cleared with one fill (see PackedBuffer)

@@ -63,11 +63,12 @@ class StepLayout:
 
     num_tokens: int  # T
     num_reqs: int  # R
-    max_num_reqs: int  # length of the sampled-token array, the same for every bucket
+    max_num_reqs: int
     max_num_blocks_per_req: int  # W
     max_logprobs: int  # K: static width of the logprobs the step returns
     num_kv_cache_groups: int = 1  # G: one block table and slot mapping each
     num_bitmask_words: int = 1  # M: int32 words of a row's grammar bitmask, ceil(V / 32)
+    num_spec_tokens: int = 0  # k: draft tokens a row may verify (speculative decoding)
     features: StepFeatures = GENERAL
     table: StepInputTable = dataclasses.field(default=STEP_INPUTS, repr=False, compare=False)
 
@@ -77,11 +78,22 @@ class StepLayout:
             "T": self.num_tokens,
             "R": self.num_reqs,
             "R1": self.num_reqs + 1,
+            "S": self.num_samples,
             "1": 1,
             "G": self.num_kv_cache_groups,
             "max_num_blocks_per_req": self.max_num_blocks_per_req,
         }
         return {row.name: row.shape(dims) for row in self.table.inputs}
+
+    @property
+    def num_samples(self) -> int:
+        """S: sampling positions, one per row, with drafts one per row and draft (at most T)."""
+        return min(self.num_tokens, self.num_reqs * (self.num_spec_tokens + 1))
+
+    @property
+    def max_num_samples(self) -> int:
+        """Length of the sampled-token array, the same for every bucket."""
+        return self.max_num_reqs * (self.num_spec_tokens + 1)
 
     @functools.cached_property
     def fields(self) -> dict[str, tuple[int, int]]:

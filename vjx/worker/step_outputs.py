@@ -31,6 +31,10 @@ class StepRecord:
     """Per real token of the step: its row."""
     has_prompt_target: np.ndarray
     """Per real token: the step computes the logprob of the prompt token after it."""
+    drafts: list[list[int]] = dataclasses.field(default_factory=list)
+    """Per row, the draft tokens the step verifies (speculative decoding)."""
+    sample_starts: np.ndarray | None = None
+    """Per row, its first sampling position (speculative decoding); None: row i samples at i."""
 
 
 def _lists(ids: np.ndarray, logprobs: np.ndarray, ranks: np.ndarray, width: int) -> LogprobsLists:
@@ -53,7 +57,9 @@ def collect_logprobs(
     if wants.any():
         ids, lps, ranks = (np.asarray(a) for a in logprobs)
         for i in np.flatnonzero(wants):
-            rows = slice(i, i + 1)
+            # One logprobs row per token the request keeps, from its first sampling position.
+            start = i if record.sample_starts is None else int(record.sample_starts[i])
+            rows = slice(start, start + len(output.sampled_token_ids[i]))
             width = int(record.num_logprobs[i]) + 1
             output.logprobs[record.req_ids[i]] = _lists(ids[rows], lps[rows], ranks[rows], width)
     if record.has_prompt_target.any():

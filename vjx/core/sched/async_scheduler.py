@@ -65,7 +65,10 @@ class AsyncScheduler(Scheduler):
                 # The step reaches the request's last token, so it samples the next one.
                 placeholders[req_id] = num_placeholders + 1
 
-    def _update_request_with_output(self, request: Request, sampled_token_ids: list[int]) -> tuple[list[int], bool]:
+    def _update_request_with_output(
+        self, request: Request, sampled_token_ids: list[int], drafts: list[int] | None = None
+    ) -> tuple[list[int], bool]:
+        """As the scheduler's; drafts never come here (speculative decoding runs synchronously)."""
         num_placeholders = self.num_output_placeholders.get(request.request_id, 0)
         if num_placeholders == 0 or not sampled_token_ids:
             # No token of this request was in flight: the row was a partial prefill.

@@ -46,6 +46,9 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int
     finished_req_ids: set[str]
     """Requests finished or aborted since the last step: the runner drops their state."""
+    scheduled_spec_decode_tokens: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    """Per request with drafts: the draft tokens among its scheduled tokens (its last
+    `len(drafts)` ones), which the step verifies."""
     grammar_bitmask: np.ndarray | None = None
     """int32 [requests, ceil(V / 32)]: bit v of row i allows token v for the i-th request of
     `num_scheduled_tokens`; None when no request of the step is constrained. Set by

@@ -10,7 +10,7 @@ from vjx.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from vjx.core.request import Request, RequestStatus
 from vjx.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from vjx.core.sched.request_queue import SchedulingPolicy, create_request_queue
-from vjx.core.sched.stats import SchedulerStats
+from vjx.core.sched.stats import SchedulerStats, SpecDecodingStats
 from vjx.core.sched.utils import append_until_stop
 from vjx.engine.messages import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs, FinishReason
 from vjx.kv_cache_interface import KVCacheConfig
@@ -61,15 +61,22 @@ class _StepPlan:
     scheduled_new_reqs: list[Request] = dataclasses.field(default_factory=list)
     scheduled_resumed_reqs: list[Request] = dataclasses.field(default_factory=list)
     preempted_reqs: list[Request] = dataclasses.field(default_factory=list)
+    spec_decode_tokens: dict[str, list[int]] = dataclasses.field(default_factory=dict)
 
     def schedule(self, request: Request, num_new_tokens: int, new_blocks: KVCacheBlocks) -> None:
+        """Schedules `num_new_tokens` of the request; those past its tokens are its first drafts."""
         self.num_scheduled_tokens[request.request_id] = num_new_tokens
         self.new_blocks[request.request_id] = new_blocks
         self.token_budget -= num_new_tokens
+        num_drafts = request.num_computed_tokens + num_new_tokens - request.num_tokens
+        if num_drafts > 0:
+            self.spec_decode_tokens[request.request_id] = request.spec_token_ids[:num_drafts]
+        request.spec_token_ids = []
 
     def unschedule_running(self, request: Request) -> None:
         self.token_budget += self.num_scheduled_tokens.pop(request.request_id)
         del self.new_blocks[request.request_id]
+        self.spec_decode_tokens.pop(request.request_id, None)
         self.scheduled_running_reqs.remove(request)
 
 
@@ -130,6 +137,8 @@ class Scheduler:
         """Steps that computed at least one token, since start."""
         self.num_scheduled_tokens = 0
         """Tokens scheduled since start."""
+        self.spec_decoding_stats = SpecDecodingStats()
+        """Drafts verified and tokens accepted since start (speculative decoding)."""
         self._last_stats = self._make_totals()
 
     def add_request(self, request: Request) -> None:
@@ -166,7 +175,9 @@ class Scheduler:
         `long_prefill_token_threshold` caps a long prompt's chunk so that it cannot take the
         whole budget from the requests behind it.
         """
-        num_new_tokens = min(request.num_tokens - num_computed_tokens, self.max_model_len - num_computed_tokens)
+        num_new_tokens = min(
+            request.num_tokens_with_spec - num_computed_tokens, self.max_model_len - num_computed_tokens
+        )
         if 0 < self.long_prefill_token_threshold < num_new_tokens:
             return self.long_prefill_token_threshold
         return num_new_tokens
@@ -227,6 +238,7 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.spec_token_ids = []
         request.num_preemptions += 1
         self.num_preemptions += 1
         request.record_event(EngineCoreEventType.PREEMPTED)
@@ -319,6 +331,7 @@ class Scheduler:
             num_scheduled_tokens=plan.num_scheduled_tokens,
             total_num_scheduled_tokens=sum(plan.num_scheduled_tokens.values()),
             finished_req_ids=self.finished_req_ids,
+            scheduled_spec_decode_tokens=plan.spec_decode_tokens,
         )
 
     def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
@@ -357,11 +370,14 @@ class Scheduler:
             if request is None:
                 continue
             was_running = request.status is RequestStatus.RUNNING
+            drafts = scheduler_output.scheduled_spec_decode_tokens.get(req_id)
             new_token_ids, stopped = self._update_request_with_output(
-                request, sampled_token_ids[req_id_to_index[req_id]]
+                request, sampled_token_ids[req_id_to_index[req_id]], drafts
             )
             if not new_token_ids:
                 continue
+            if model_runner_output.spec_token_ids and not stopped:
+                request.spec_token_ids = model_runner_output.spec_token_ids[req_id_to_index[req_id]]
             if request.structured_output_request is not None and not stopped:
                 stopped = self._advance_grammar(request, new_token_ids)
             finish_reason = None
@@ -392,6 +408,12 @@ class Scheduler:
         finished_requests = self._finished_req_ids_to_report
         self._finished_req_ids_to_report = set()
         return EngineCoreOutputs(outputs=outputs, finished_requests=finished_requests)
+
+    def _reject_drafts(self, request: Request, drafts: list[int], num_accepted: int) -> None:
+        """The step computed all of the request's drafts; those after the first rejected one
+        are not its tokens, so their KV is uncomputed again (their slots get overwritten)."""
+        request.num_computed_tokens -= len(drafts) - num_accepted
+        self.spec_decoding_stats = self.spec_decoding_stats.observe_draft(len(drafts), num_accepted)
 
     def _advance_grammar(self, request: Request, new_token_ids: list[int]) -> bool:
         """Advances the request's grammar; a grammar that ended stops the request."""
@@ -437,8 +459,13 @@ class Scheduler:
         self.finish_requests(failed, RequestStatus.FINISHED_ERROR)
         return [EngineCoreOutput(r, [], FinishReason.ERROR) for r in failed]
 
-    def _update_request_with_output(self, request: Request, sampled_token_ids: list[int]) -> tuple[list[int], bool]:
-        """The tokens kept (up to the first that stops the request) and whether it stopped."""
+    def _update_request_with_output(
+        self, request: Request, sampled_token_ids: list[int], drafts: list[int] | None = None
+    ) -> tuple[list[int], bool]:
+        """The tokens kept (up to the first that stops the request) and whether it stopped.
+        With `drafts`, the step kept those of them it returns but the last."""
+        if drafts and sampled_token_ids:
+            self._reject_drafts(request, drafts, len(sampled_token_ids) - 1)
         return append_until_stop(request, sampled_token_ids, self.max_model_len)
 
     def finish_requests(self, request_ids: str | Iterable[str], finished_status: RequestStatus) -> None:
@@ -500,6 +527,7 @@ class Scheduler:
             num_preemptions=self.num_preemptions,
             num_prefix_queried_tokens=prefix_cache_stats.num_queried_tokens,
             num_prefix_hit_tokens=prefix_cache_stats.num_hit_tokens,
+            spec_decoding_stats=self.spec_decoding_stats,
         )
 
     def reset_prefix_cache(self) -> bool:

@@ -1,0 +1,142 @@
+"""Speculative decoding: output tokens/s and acceptance length, with and without drafts.
+
+For each workload, an engine without speculation and one with the n-gram proposer (each in
+turn, the same engine arguments) generate `--output-len` tokens for `--num-prompts`
+requests (greedy, ignore_eos); the table gives output tokens/s, the speed-up, and the
+proposer's mean acceptance length (tokens per verified draft, the bonus token included) and
+draft acceptance rate from the scheduler's counts over the timed run.
+
+Workloads: "repetitive" asks the model to copy a passage it was given (prompt lookup's
+case: most drafts come true), "random" is random prompt tokens (few n-grams recur).
+
+    python -m benchmarks.spec_decode --num-prompts 1 --output-len 128 \\
+        --num-speculative-tokens 4 --output-json benchmarks/results/spec_decode.json
+
+The model defaults to the embedded SmolLM2-135M-Instruct (real weights and chat template).
+"""
+
+import argparse
+import gc
+import time
+
+import numpy as np
+
+from benchmarks import harness
+from vjx import LLM, SamplingParams
+from vjx.models.default_model import get_default_model_path
+
+_PASSAGE = (
+    "The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a single step. "
+    "All that glitters is not gold. The early bird catches the worm. Actions speak louder than words. "
+    "Practice makes perfect. Where there is a will, there is a way. Knowledge is power."
+)
+WORKLOADS = ("repetitive", "random")
+
+
+def _prompts(llm: LLM, workload: str, args: argparse.Namespace) -> list:
+    if workload == "repetitive":
+        message = f"Repeat the following text exactly, three times:\n\n{_PASSAGE}"
+        text = llm.get_tokenizer().apply_chat_template(
+            [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
+        )
+        return [text] * args.num_prompts
+    rng = np.random.default_rng(0)
+    ids = harness.random_token_ids(rng, harness.prompt_vocab_size(llm), [args.input_len] * args.num_prompts)
+    return [{"prompt_token_ids": prompt} for prompt in ids]
+
+
+def _engine(args: argparse.Namespace, speculative: bool) -> LLM:
+    config = None
+    if speculative:
+        config = {
+            "method": "ngram",
+            "num_speculative_tokens": args.num_speculative_tokens,
+            "prompt_lookup_min": args.prompt_lookup_min,
+            "prompt_lookup_max": args.prompt_lookup_max,
+        }
+    return LLM(
+        args.model or get_default_model_path(),
+        max_model_len=args.max_model_len,
+        max_num_seqs=max(args.num_prompts, 1),
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        speculative_config=config,
+        seed=0,
+    )
+
+
+def run(args: argparse.Namespace, workload: str, speculative: bool) -> dict:
+    llm = _engine(args, speculative)
+    prompts = _prompts(llm, workload, args)
+    params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
+    llm.generate(prompts[:1], SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
+    llm.llm_engine.engine_core.make_stats()
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    spec = llm.llm_engine.engine_core.make_stats().spec_decoding_stats
+    num_tokens = sum(len(output.outputs[0].token_ids) for output in outputs)
+    del llm
+    gc.collect()
+    return {
+        "workload": workload,
+        "method": "ngram" if speculative else "none",
+        "seconds": elapsed,
+        "output_tokens": num_tokens,
+        "output_tokens_per_s": num_tokens / elapsed,
+        "num_drafts": spec.num_drafts,
+        "num_draft_tokens": spec.num_draft_tokens,
+        "num_accepted_tokens": spec.num_accepted_tokens,
+        "mean_acceptance_length": spec.mean_acceptance_length,
+        "acceptance_rate": spec.num_accepted_tokens / spec.num_draft_tokens if spec.num_draft_tokens else 0.0,
+        "token_ids": [list(output.outputs[0].token_ids) for output in outputs],
+    }
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="Model directory; the embedded SmolLM2-135M when left out.")
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    parser.add_argument("--num-prompts", type=int, default=1)
+    parser.add_argument("--input-len", type=int, default=128, help="Random prompts' length.")
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--num-speculative-tokens", type=int, default=4)
+    parser.add_argument("--prompt-lookup-min", type=int, default=2)
+    parser.add_argument("--prompt-lookup-max", type=int, default=4)
+    parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=256)
+    parser.add_argument("--output-json", default=None)
+    return parser
+
+
+def _rows(runs: list[dict]) -> list[list[str]]:
+    baseline = {run["workload"]: run["output_tokens_per_s"] for run in runs if run["method"] == "none"}
+    return [
+        [
+            run["workload"],
+            run["method"],
+            harness.fmt(run["output_tokens_per_s"], ".1f"),
+            harness.fmt(run["output_tokens_per_s"] / baseline[run["workload"]], ".2f", "x"),
+            harness.fmt(run["mean_acceptance_length"], ".2f") if run["num_drafts"] else "-",
+            harness.fmt(run["acceptance_rate"], ".1%") if run["num_drafts"] else "-",
+        ]
+        for run in runs
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    platform_name, device = harness.jax_device()
+    runs = [run(args, workload, speculative) for workload in args.workloads for speculative in (False, True)]
+    for plain, speculative in zip(runs[::2], runs[1::2]):
+        # Greedy: speculation must not change a token.
+        speculative["same_tokens_as_without"] = speculative["token_ids"] == plain["token_ids"]
+    result = harness.run_metadata("spec_decode", "vjx", platform_name, device, args.model or "default")
+    result.update(args=vars(args), runs=runs)
+    header = ["workload", "method", "output tok/s", "speed-up", "acceptance length", "acceptance rate"]
+    harness.print_table(header, _rows(runs))
+    harness.write_json(args.output_json, result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,73 @@
+"""`speculative_config` as vLLM takes it: keys, defaults, the --spec-* shorthands, the JSON
+flag, and a clear ValueError for every method, key or combination not built."""
+
+import pytest
+
+from serving.cli import _parse_args
+from vjx.config import SpeculativeConfig
+from vjx.engine_args import EngineArgs
+from vjx.spec_decode.config import create_speculative_config
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ({"method": "ngram", "num_speculative_tokens": 4}, SpeculativeConfig("ngram", 4, 5, 5)),
+        (
+            {"model": "[ngram]", "num_speculative_tokens": 2, "prompt_lookup_max": 3},
+            SpeculativeConfig("ngram", 2, 3, 3),
+        ),
+        (
+            {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 2, "prompt_lookup_max": 4},
+            SpeculativeConfig("ngram", 2, 2, 4),
+        ),
+        ({"method": "ngram", "num_speculative_tokens": 1, "enforce_eager": True}, SpeculativeConfig("ngram", 1, 5, 5)),
+        (None, None),
+        ({}, None),
+    ],
+)
+def test_vllm_keys_and_defaults(config, expected):
+    assert create_speculative_config(config) == expected
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"method": "eagle3", "model": "x", "num_speculative_tokens": 2}, "method='eagle3' is not built yet"),
+        ({"model": "some/draft", "num_speculative_tokens": 2}, "method='draft_model' is not built yet"),
+        ({"method": "bogus", "num_speculative_tokens": 2}, "method must be one of"),
+        ({"method": "ngram"}, r"num_speculative_tokens must be an integer in \[1, 16\], got None"),
+        ({"method": "ngram", "num_speculative_tokens": 17}, r"in \[1, 16\], got 17"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 0}, "prompt_lookup_min must be"),
+        (
+            {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2},
+            "prompt_lookup_min=4 must be <= prompt_lookup_max=2",
+        ),
+        ({"method": "ngram", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 2}, "not supported by vjx"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "lookahead": 2}, "unknown key 'lookahead'"),
+    ],
+)
+def test_what_is_not_built_is_refused_by_name(config, message):
+    with pytest.raises(ValueError, match=message):
+        create_speculative_config(config)
+
+
+def test_engine_args_merge_the_shorthands_and_refuse_what_cannot_run_with_drafts():
+    args = EngineArgs(spec_method="ngram", spec_tokens=3)
+    assert create_speculative_config(args._speculative_config_dict()) == SpeculativeConfig("ngram", 3, 5, 5)
+    assert not args._async_scheduling()
+    with pytest.raises(ValueError, match="mutually exclusive"):
+        EngineArgs(speculative_config={"num_speculative_tokens": 2}, spec_tokens=3)._speculative_config_dict()
+    config = {"method": "ngram", "num_speculative_tokens": 2}
+    with pytest.raises(ValueError, match="async_scheduling=True is not built yet"):
+        EngineArgs(speculative_config=config, async_scheduling=True)._speculative_config()
+    with pytest.raises(ValueError, match="pipeline_parallel_size=2 is not built yet"):
+        EngineArgs(speculative_config=config, pipeline_parallel_size=2)._speculative_config()
+
+
+def test_the_serve_flag_takes_json_as_vllm_serve_does():
+    args = _parse_args(["serve", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}'])
+    assert EngineArgs.from_cli_args(args).speculative_config == {"method": "ngram", "num_speculative_tokens": 2}
+    args = _parse_args(["serve", "--spec-method", "ngram", "--spec-tokens", "2"])
+    engine_args = EngineArgs.from_cli_args(args)
+    assert (engine_args.spec_method, engine_args.spec_tokens) == ("ngram", 2)

@@ -1,0 +1,129 @@
+"""`speculative_config` as vLLM takes it (a dict, or JSON on the command line), checked and
+turned into `SpeculativeConfig`.
+
+The method comes from `method`, or from `model` as vLLM infers it ("ngram" / "[ngram]" is the
+n-gram proposer; any other model a draft model). vLLM's other keys are refused by name while
+they are not built, as are unknown keys.
+"""
+
+from typing import Any
+
+from vjx.config import SpeculativeConfig
+
+BUILT_METHODS = ("ngram",)
+NOT_BUILT_METHODS = (
+    "draft_model",
+    "eagle",
+    "eagle3",
+    "mtp",
+    "medusa",
+    "mlp_speculator",
+    "suffix",
+    "ngram_gpu",
+    "custom_class",
+    "dflash",
+    "dspark",
+    "extract_hidden_states",
+)
+MAX_SPECULATIVE_TOKENS = 16
+"""Drafts per request and step: the step compiles one sampling position per draft."""
+_BUILT_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
+_NEUTRAL_KEYS = {"enforce_eager": (None, False, True), "disable_padded_drafter_batch": (False,)}
+"""Keys whose values have no meaning here (XLA compiles every step; no drafter batch)."""
+_NOT_BUILT_KEYS = (
+    "draft_tensor_parallel_size",
+    "tensor_parallel_size",
+    "quantization",
+    "moe_backend",
+    "attention_backend",
+    "kv_cache_dtype",
+    "max_model_len",
+    "revision",
+    "code_revision",
+    "num_speculative_tokens_per_batch_size",
+    "speculative_token_tree",
+    "parallel_drafting",
+    "rejection_sample_method",
+    "draft_sample_method",
+    "synthetic_acceptance_rates",
+    "synthetic_acceptance_length",
+    "enable_adaptive_verification",
+    "suffix_decoding_max_tree_depth",
+    "suffix_decoding_max_cached_requests",
+    "suffix_decoding_max_spec_factor",
+    "suffix_decoding_min_token_prob",
+)
+
+
+def _method(config: dict[str, Any]) -> str:
+    method, model = config.get("method"), config.get("model")
+    if method is None:
+        method = "ngram" if model in ("ngram", "[ngram]") else "draft_model"
+    method = "ngram" if method == "[ngram]" else method
+    if method in NOT_BUILT_METHODS:
+        raise ValueError(
+            f"speculative_config method={method!r} is not built yet; the methods built are {list(BUILT_METHODS)}."
+        )
+    if method not in BUILT_METHODS:
+        raise ValueError(
+            f"speculative_config method must be one of {list(BUILT_METHODS + NOT_BUILT_METHODS)}, got {method!r}."
+        )
+    return method
+
+
+def _verify_keys(config: dict[str, Any]) -> None:
+    for key, value in config.items():
+        if key in _BUILT_KEYS or (key in _NEUTRAL_KEYS and value in _NEUTRAL_KEYS[key]):
+            continue
+        if key in _NOT_BUILT_KEYS or key in _NEUTRAL_KEYS:
+            raise ValueError(f"speculative_config key {key!r} is not supported by vjx yet; leave it out.")
+        raise ValueError(f"speculative_config has an unknown key {key!r}; vjx takes {list(_BUILT_KEYS)}.")
+
+
+def _lookup_range(config: dict[str, Any]) -> tuple[int, int]:
+    """(prompt_lookup_min, prompt_lookup_max) with vLLM's defaults: 5 and 5, or the one given."""
+    low, high = config.get("prompt_lookup_min"), config.get("prompt_lookup_max")
+    low, high = (5, 5) if low is None and high is None else (low or high, high or low)
+    for name, value in (("prompt_lookup_min", low), ("prompt_lookup_max", high)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"speculative_config {name} must be an integer >= 1, got {value!r}.")
+    if low > high:
+        raise ValueError(f"speculative_config prompt_lookup_min={low} must be <= prompt_lookup_max={high}.")
+    return low, high
+
+
+def create_speculative_config(config: dict[str, Any] | None) -> SpeculativeConfig | None:
+    """The checked config; None for None or an empty dict (no speculative decoding)."""
+    if not config:
+        return None
+    if not isinstance(config, dict):
+        raise ValueError(f"speculative_config must be a dict (JSON object), got {type(config).__name__}.")
+    _verify_keys(config)
+    method = _method(config)
+    k = config.get("num_speculative_tokens")
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+        raise ValueError(
+            f"speculative_config num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}], got {k!r}."
+        )
+    low, high = _lookup_range(config)
+    return SpeculativeConfig(method, k, low, high)
+
+
+def merge_spec_shorthands(
+    config: dict[str, Any] | None, spec_method: str | None, spec_model: str | None, spec_tokens: int | None
+) -> dict[str, Any] | None:
+    """`speculative_config` with vLLM's --spec-method / --spec-model / --spec-tokens merged in
+    (each may not repeat a key the dict has), keys with dashes spelled with underscores."""
+    merged = None if config is None else dict(config)
+    for name, key, value in (
+        ("spec_method", "method", spec_method),
+        ("spec_model", "model", spec_model),
+        ("spec_tokens", "num_speculative_tokens", spec_tokens),
+    ):
+        if value is None:
+            continue
+        merged = {} if merged is None else merged
+        if key in merged:
+            raise ValueError(f"{name} and speculative_config[{key!r}] are mutually exclusive.")
+        merged[key] = value
+    return merged if merged is None else {key.replace("-", "_"): value for key, value in merged.items()}

@@ -1,0 +1,89 @@
+"""Speculative decoding inside the step: a row samples after each of its tokens that a
+draft follows, so one step verifies every draft.
+
+A decoding row with k drafts runs 1 + k tokens: its last token, then the drafts. Its
+sampling position j (0 to k) takes the logits after its j-th token, which draw the token at
+output position `sample_positions + j` from the history up to there (`spec_num_tokens`):
+exactly the distribution, penalties included, that a step without drafts would draw it from
+once the drafts before it were accepted, under the same key fold_in(key(seed), position).
+The runner keeps the drafts up to the first that differs from the token drawn at its
+position, then that drawn token: for drafts that are one token each (the n-gram proposer's),
+accepting draft d with probability p(d) and otherwise drawing from p without d is the
+standard rejection rule, so the output is distributed (and, for a seeded request, drawn)
+exactly as without speculation.
+
+Legend: S sampling positions (every position of every row, then padding: `min(T, R x (k+1))`),
+R rows.
+"""
+
+import dataclasses
+
+import numpy as np
+from jaxtyping import Array
+
+from vjx.sampling.metadata import SamplingMetadata
+from vjx.worker.step_inputs import Per, Source, StepInput
+from vjx.worker.step_outputs import StepRecord
+
+SPEC_DECODE_INPUTS = (
+    StepInput("spec_sample_rows", np.int32, Per.SAMPLE, Source.STEP, "The row each sampling position belongs to."),
+    StepInput(
+        "spec_sample_offsets", np.int32, Per.SAMPLE, Source.STEP, "j: the position follows the row's j-th token."
+    ),
+    StepInput("spec_logits_indices", np.int32, Per.SAMPLE, Source.STEP, "The token whose logits it samples from."),
+    StepInput(
+        "spec_num_tokens",
+        np.int32,
+        Per.SAMPLE,
+        Source.STEP,
+        "Tokens of the row's history it sees (the row's tokens up to its own); 0: a padding position.",
+    ),
+)
+
+
+def _is_per_row(field: dataclasses.Field) -> bool:
+    """Fields with a leading row axis: all but the static flags and the slot-indexed bias table."""
+    return not field.metadata.get("static") and field.name != "logit_bias"
+
+
+def sample_positions_metadata(md: SamplingMetadata, fields: dict[str, Array]) -> SamplingMetadata:
+    """The rows' sampling metadata, one entry per sampling position."""
+    rows = fields["spec_sample_rows"]
+    per_position = {f.name: getattr(md, f.name)[rows] for f in dataclasses.fields(md) if _is_per_row(f)}
+    per_position["num_tokens"] = fields["spec_num_tokens"]
+    per_position["sample_positions"] = per_position["sample_positions"] + fields["spec_sample_offsets"]
+    return dataclasses.replace(md, **per_position)
+
+
+def sample_positions(
+    num_drafts: np.ndarray, query_end: np.ndarray, seq_lens: np.ndarray
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The host's side: each row's first sampling position, and the SPEC_DECODE_INPUTS
+    values. Row r (its tokens end at `query_end[r]`, its drafts last) has 1 + k positions."""
+    counts = 1 + num_drafts
+    starts = np.cumsum(counts) - counts
+    row_of_sample = np.repeat(np.arange(len(counts)), counts)
+    offsets = np.arange(int(counts.sum())) - starts[row_of_sample]
+    return starts, {
+        "spec_sample_rows": row_of_sample,
+        "spec_sample_offsets": offsets,
+        "spec_logits_indices": (query_end - 1 - num_drafts)[row_of_sample] + offsets,
+        "spec_num_tokens": (seq_lens - num_drafts)[row_of_sample] + offsets,
+    }
+
+
+def accepted_tokens(record: StepRecord, sampled: np.ndarray) -> list[list[int]]:
+    """Per row, the tokens it keeps: its drafts up to the first that differs from the token
+    drawn at its position, then the token drawn there (or after the last draft)."""
+    token_lists = []
+    for i, drafts in enumerate(record.drafts):
+        if not record.is_sampling[i]:
+            token_lists.append([])
+            continue
+        start = int(record.sample_starts[i])
+        drawn = sampled[start : start + len(drafts) + 1].tolist()
+        num_accepted = 0
+        while num_accepted < len(drafts) and drawn[num_accepted] == drafts[num_accepted]:
+            num_accepted += 1
+        token_lists.append(drawn[: num_accepted + 1])
+    return token_lists
