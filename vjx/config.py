@@ -107,6 +107,9 @@ class SchedulerConfig:
     """"fcfs" (arrival order) or "priority" (lower `priority` first, then arrival)."""
     async_scheduling: bool = False
     """Plan step N+1 on the host while the device runs step N."""
+    num_lookahead_tokens: int = 0
+    """Slots allocated past a request's scheduled tokens: a draft model writes its drafts'
+    KV there right after the step (speculative decoding)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,12 +176,15 @@ class SpeculativeConfig:
 
     method: str
     """"ngram": drafts copied from the request's own tokens after an earlier match of its last
-    n-gram (prompt lookup)."""
+    n-gram (prompt lookup); "draft_model": a smaller model's greedy tokens."""
     num_speculative_tokens: int
     prompt_lookup_min: int = 5
     """The shortest n-gram that may match."""
     prompt_lookup_max: int = 5
     """The longest n-gram tried first."""
+    draft_model_config: "ModelConfig | None" = None
+    """"draft_model": the draft model (a smaller model with the target's vocabulary), which
+    proposes its greedy tokens."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,7 +34,7 @@ from vjx.quantization import QUANTIZATION_METHODS, get_quantization_config
 from vjx.sampling_params import SamplingParams
 from vjx.sharding.mesh import device_groups
 from vjx.sharding.pipeline import stage_layer_ranges
-from vjx.spec_decode.config import create_speculative_config, merge_spec_shorthands
+from vjx.spec_decode.config import create_speculative_config, merge_spec_shorthands, with_draft_model
 from vjx.utils.argparse_utils import flag_kwargs, json_object
 
 logger = logging.getLogger(__name__)
@@ -360,7 +360,7 @@ class EngineArgs(VllmCompatArgs):
             multiprocess=self._multiprocess(),
             structured_outputs_config=StructuredOutputsConfig(reasoning_parser=self.reasoning_parser),
             profile_host=self.profile_host,
-            speculative_config=self._speculative_config(),
+            speculative_config=self._speculative_config(model_config),
         )
 
     def create_parallel_config(self) -> ParallelConfig:
@@ -513,7 +513,13 @@ class EngineArgs(VllmCompatArgs):
             long_prefill_token_threshold=self.long_prefill_token_threshold,
             scheduling_policy=self.scheduling_policy,
             async_scheduling=self._async_scheduling(),
+            num_lookahead_tokens=self._num_lookahead_tokens(),
         )
+
+    def _num_lookahead_tokens(self) -> int:
+        """A draft model's drafts need slots past the step's tokens (vLLM's lookahead)."""
+        config = create_speculative_config(self._speculative_config_dict())
+        return config.num_speculative_tokens if config is not None and config.method == "draft_model" else 0
 
     def _verify_pipeline(self, hf_text_config, quant_config) -> None:
         if self.pipeline_parallel_size == 1:
@@ -545,8 +551,19 @@ class EngineArgs(VllmCompatArgs):
     def _speculative_config_dict(self) -> dict[str, typing.Any] | None:
         return merge_spec_shorthands(self.speculative_config, self.spec_method, self.spec_model, self.spec_tokens)
 
-    def _speculative_config(self) -> SpeculativeConfig | None:
+    def _speculative_config(self, target: ModelConfig | None = None) -> SpeculativeConfig | None:
+        """The checked config; with the `target` model's config, a draft model's config too."""
         config = create_speculative_config(self._speculative_config_dict())
+        if config is not None and config.method == "draft_model":
+            if self.nnodes > 1:
+                raise ValueError(f"speculative_config method='draft_model' over nnodes={self.nnodes} is not built yet.")
+            if target is not None:
+                # The draft model is found as the target is: embedded, a directory or a Hub id.
+                name = self._speculative_config_dict()["model"]
+                draft = dataclasses.replace(
+                    self, model=name, speculative_config=None, spec_method=None, spec_tokens=None
+                )
+                config = with_draft_model(config, dataclasses.replace(draft, spec_model=None)._resolve_model(), target)
         if config is not None and self.pipeline_parallel_size > 1:
             raise ValueError(
                 f"speculative_config with pipeline_parallel_size={self.pipeline_parallel_size} is not built yet."

@@ -38,11 +38,12 @@ budget: two token buckets, four step variants to compile instead of ten. Every m
 runs the stand-in with these arguments shares its compiled steps through the persistent cache."""
 
 
-def save_tiny_default_model(path: pathlib.Path, seed: int = 0) -> str:
-    """Writes the stand-in to `path` and returns it as a string (the `model` argument)."""
+def save_tiny_default_model(path: pathlib.Path, seed: int = 0, **overrides) -> str:
+    """Writes the stand-in to `path` and returns it as a string (the `model` argument);
+    `overrides` change its config further (e.g. a draft model of one layer)."""
     default = pathlib.Path(get_default_model_path())
     fields = json.loads((default / "config.json").read_text(encoding="utf-8"))
-    config = transformers.LlamaConfig(**{**fields, **_SHRUNK})
+    config = transformers.LlamaConfig(**{**fields, **_SHRUNK, **overrides})
     torch.manual_seed(seed)
     hf_model = transformers.LlamaForCausalLM(config).eval()
     randomize_(hf_model, seed)

@@ -4,6 +4,7 @@ flag, and a clear ValueError for every method, key or combination not built."""
 import pytest
 
 from serving.cli import _parse_args
+from tests.helpers.tiny_default_model import save_tiny_default_model
 from vjx.config import SpeculativeConfig
 from vjx.engine_args import EngineArgs
 from vjx.spec_decode.config import create_speculative_config
@@ -24,6 +25,7 @@ from vjx.spec_decode.config import create_speculative_config
         ({"method": "ngram", "num_speculative_tokens": 1, "enforce_eager": True}, SpeculativeConfig("ngram", 1, 5, 5)),
         (None, None),
         ({}, None),
+        ({"model": "org/draft", "num_speculative_tokens": 3}, SpeculativeConfig("draft_model", 3)),
     ],
 )
 def test_vllm_keys_and_defaults(config, expected):
@@ -34,7 +36,7 @@ def test_vllm_keys_and_defaults(config, expected):
     ("config", "message"),
     [
         ({"method": "eagle3", "model": "x", "num_speculative_tokens": 2}, "method='eagle3' is not built yet"),
-        ({"model": "some/draft", "num_speculative_tokens": 2}, "method='draft_model' is not built yet"),
+        ({"method": "draft_model", "num_speculative_tokens": 2}, "method='draft_model' needs model"),
         ({"method": "bogus", "num_speculative_tokens": 2}, "method must be one of"),
         ({"method": "ngram"}, r"num_speculative_tokens must be an integer in \[1, 16\], got None"),
         ({"method": "ngram", "num_speculative_tokens": 17}, r"in \[1, 16\], got 17"),
@@ -71,3 +73,13 @@ def test_the_serve_flag_takes_json_as_vllm_serve_does():
     args = _parse_args(["serve", "--spec-method", "ngram", "--spec-tokens", "2"])
     engine_args = EngineArgs.from_cli_args(args)
     assert (engine_args.spec_method, engine_args.spec_tokens) == ("ngram", 2)
+
+
+def test_a_draft_model_must_share_the_targets_vocabulary(tmp_path):
+    target = save_tiny_default_model(tmp_path / "target")
+    draft = save_tiny_default_model(tmp_path / "draft", num_hidden_layers=1, vocab_size=1000)
+    config = {"method": "draft_model", "model": draft, "num_speculative_tokens": 2}
+    with pytest.raises(ValueError, match="has a vocabulary of 1000 tokens; the target's has 49152"):
+        EngineArgs(target, speculative_config=config).create_engine_config()
+    with pytest.raises(ValueError, match="method='draft_model' over nnodes=2 is not built yet"):
+        EngineArgs(target, speculative_config=config, nnodes=2)

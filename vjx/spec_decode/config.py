@@ -6,13 +6,15 @@ n-gram proposer; any other model a draft model). vLLM's other keys are refused b
 they are not built, as are unknown keys.
 """
 
+import dataclasses
 from typing import Any
 
-from vjx.config import SpeculativeConfig
+import transformers
 
-BUILT_METHODS = ("ngram",)
+from vjx.config import ModelConfig, SpeculativeConfig
+
+BUILT_METHODS = ("ngram", "draft_model")
 NOT_BUILT_METHODS = (
-    "draft_model",
     "eagle",
     "eagle3",
     "mtp",
@@ -105,6 +107,10 @@ def create_speculative_config(config: dict[str, Any] | None) -> SpeculativeConfi
         raise ValueError(
             f"speculative_config num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}], got {k!r}."
         )
+    if method == "draft_model":
+        if not isinstance(config.get("model"), str) or not config["model"]:
+            raise ValueError("speculative_config method='draft_model' needs model: the draft model's directory or id.")
+        return SpeculativeConfig(method, k)
     low, high = _lookup_range(config)
     return SpeculativeConfig(method, k, low, high)
 
@@ -127,3 +133,17 @@ def merge_spec_shorthands(
             raise ValueError(f"{name} and speculative_config[{key!r}] are mutually exclusive.")
         merged[key] = value
     return merged if merged is None else {key.replace("-", "_"): value for key, value in merged.items()}
+
+
+def with_draft_model(config: SpeculativeConfig, draft_dir: str, target: ModelConfig) -> SpeculativeConfig:
+    """`config` with its draft model's config: the target's dtype, lengths and load format, the
+    draft's architecture; its vocabulary must be the target's (drafts are target token ids)."""
+    hf_config = transformers.AutoConfig.from_pretrained(draft_dir)
+    draft_vocab, target_vocab = hf_config.get_text_config().vocab_size, target.hf_text_config.vocab_size
+    if draft_vocab != target_vocab:
+        raise ValueError(
+            f"speculative_config model {draft_dir!r} has a vocabulary of {draft_vocab} tokens; the target's has "
+            f"{target_vocab}: a draft model must share the target's tokenizer."
+        )
+    draft = dataclasses.replace(target, model=draft_dir, hf_config=hf_config, quantization=None)
+    return dataclasses.replace(config, draft_model_config=draft)

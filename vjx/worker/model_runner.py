@@ -28,6 +28,7 @@ from vjx.kv_cache_interface import KVCacheConfig
 from vjx.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vjx.sharding.pipeline import stage_layer_ranges
 from vjx.sharding.placement import filled, put_replicated
+from vjx.spec_decode.draft_model import DraftModelProposer
 from vjx.spec_decode.ngram_proposer import NgramProposer
 from vjx.spec_decode.sample_positions import SPEC_DECODE_INPUTS, accepted_tokens, sample_positions
 from vjx.worker.compile_watch import CompileWatch
@@ -60,11 +61,13 @@ class ModelRunner:
         mesh: Mesh,
         kv_cache_config: KVCacheConfig,
         stage_meshes: Sequence[Mesh] = (),
+        draft: tuple[nnx.Module, list[jax.Array]] | None = None,
     ):
         """`kv_caches`: one array per layer name, in model order, in the attention backend's
         layout, on `mesh`; `kv_cache_config` groups the layers, each group with its own block
         table. With several `stage_meshes` (pipeline stages) the params and each layer's cache
-        are on their stage's mesh, and `mesh` is the last stage's."""
+        are on their stage's mesh, and `mesh` is the last stage's. `draft`: speculative
+        decoding's draft model and its KV caches (the target's blocks)."""
         sched = config.scheduler_config
         self.mesh = mesh
         self.replicated = NamedSharding(mesh, PartitionSpec())
@@ -83,8 +86,8 @@ class ModelRunner:
         self.plan = self._plan_pipeline(model, state, stage_meshes)
         self.max_model_len = sched.max_model_len
         self.num_spec_tokens = config.num_speculative_tokens
-        self.drafter = NgramProposer(config.speculative_config) if self.num_spec_tokens else None
         self.layouts = self._make_layouts(config, max_blocks)
+        self.drafter = self._make_drafter(config, draft)
         self._no_grammar: dict[int, jax.Array] = {}
         """Per request bucket, grammar bans of all zeros on the device (no row constrained)."""
         # Host buffers per bucket, used in turn, one per step in flight (at least two): the CPU
@@ -105,6 +108,17 @@ class ModelRunner:
         self.compile_watch = CompileWatch()
         self._failed_req_ids: set[str] = set()
         """Requests that failed to enter the batch, until the scheduler reports them finished."""
+
+    def _make_drafter(self, config: VjxConfig, draft: tuple | None) -> NgramProposer | DraftModelProposer | None:
+        """The speculative config's proposer; `draft` is the draft model and its KV caches."""
+        if not self.num_spec_tokens:
+            return None
+        if draft is None:
+            return NgramProposer(config.speculative_config, self.input_batch)
+        model, kv_caches = draft
+        return DraftModelProposer(
+            model, kv_caches, self.mesh, self.layouts, self.input_batch, self.block_size, self.num_spec_tokens
+        )
 
     def _make_layouts(self, config: VjxConfig, max_blocks: int) -> dict[int, StepLayout]:
         """One layout per token bucket; with speculative decoding its inputs join the table."""
@@ -144,6 +158,8 @@ class ModelRunner:
         with concurrent.futures.ThreadPoolExecutor(min(len(variants), os.cpu_count() or 1)) as pool:
             compiled = pool.map(lambda variant: self.compile_layout(*variant, executable_cache), variants)
             self._compiled = dict(zip(variants, compiled))
+        if self.drafter is not None:
+            self.drafter.compile()
         elapsed = time.perf_counter() - start
         logger.info("compiled %d step variants in %.1f s", len(variants), elapsed)
         return elapsed
@@ -268,6 +284,8 @@ class ModelRunner:
             row = self.input_batch.add_request(state, num_computed_tokens)
             banned = min_tokens_stop_ids(state) if self.input_batch.bans_stop_ids_in_bias[row] else ()
             self.slot_tables.set_slot(row, state.sampling_params, banned)
+            if self.drafter is not None:
+                self.drafter.request_entered(row, num_computed_tokens)
         except Exception:
             self._fail_request(state.req_id)
             return -1
@@ -393,6 +411,7 @@ class ModelRunner:
             may_send_prompt_logprobs=batch.num_prompt_logprobs[rows] >= 0,
             token_rows=row_of_token,
             has_prompt_target=has_target,
+            seq_lens=start + num_tokens,
             drafts=drafts,
             sample_starts=sample_starts,
         )
@@ -486,15 +505,12 @@ class ModelRunner:
     def _propose_drafts(self, record: StepRecord, token_lists: list[list[int]]) -> list[list[int]]:
         """Per row, the drafts for its request's next step, from its tokens now."""
         batch = self.input_batch
-        drafts = []
+        limits = []
         for i, tokens in enumerate(token_lists):
             row, state = int(record.rows[i]), self.requests.get(record.req_ids[i])
-            if not tokens or state is None or batch.slot_versions[row] != record.slot_versions[i]:
-                drafts.append([])
-                continue
-            row_tokens = batch.token_ids_cpu[row, : batch.num_tokens[row]]
-            drafts.append(self.drafter.propose(row_tokens, self._max_drafts(state, row)))
-        return drafts
+            is_in_batch = batch.slot_versions[row] == record.slot_versions[i]
+            limits.append(self._max_drafts(state, row) if tokens and state is not None and is_in_batch else 0)
+        return self.drafter.propose_batch(record, token_lists, limits)
 
     def _max_drafts(self, state: CachedRequestState, row: int) -> int:
         """How many drafts the request's next step may verify: none under a grammar (its mask

@@ -31,6 +31,8 @@ class StepRecord:
     """Per real token of the step: its row."""
     has_prompt_target: np.ndarray
     """Per real token: the step computes the logprob of the prompt token after it."""
+    seq_lens: np.ndarray | None = None
+    """Per row: its tokens computed once the step has run (drafts included)."""
     drafts: list[list[int]] = dataclasses.field(default_factory=list)
     """Per row, the draft tokens the step verifies (speculative decoding)."""
     sample_starts: np.ndarray | None = None

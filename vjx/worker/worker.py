@@ -65,6 +65,7 @@ class Worker:
         logger.info("loaded %s in %.1f s on %d device(s)", config.model_config.model, self.load_time, self.mesh.size)
         self.kv_cache_specs = self.get_kv_cache_spec()
         self.kv_cache_groups = get_kv_cache_groups(self.kv_cache_specs)
+        self.draft_model, self.draft_kv_cache_specs = self._load_draft_model()
         self.layer_ranges = stage_layer_ranges(len(self.kv_cache_specs), len(self.stage_meshes))
         self.kv_cache_shardings = [
             logical_sharding(self.stage_meshes[stage], self.backend.kv_cache_axes)
@@ -86,15 +87,34 @@ class Worker:
     def _kv_dtype(self):
         return jnp.dtype(self.kv_cache_dtype)
 
-    def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
-        """Each attention layer's spec, in model order. With fewer KV heads than
-        `tensor_parallel_size`, the loader repeats each head so that every device holds one
-        (vjx/sharding/placement.py); the cache holds the repeated heads."""
-        hf_config = self.config.model_config.hf_text_config
+    def get_kv_cache_spec(self, model: nnx.Module | None = None, model_config=None) -> dict[str, KVCacheSpec]:
+        """Each attention layer's spec, in model order (of the target, or of `model`). With
+        fewer KV heads than `tensor_parallel_size`, the loader repeats each head so that every
+        device holds one (vjx/sharding/placement.py); the cache holds the repeated heads."""
+        hf_config = (model_config or self.config.model_config).hf_text_config
         num_heads = hf_config.num_attention_heads
         num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or num_heads
         num_kv_heads = num_cache_kv_heads(num_kv_heads, self.config.parallel_config.tensor_parallel_size)
-        return self.model.get_kv_cache_spec(self.config.cache_config.block_size, num_kv_heads, self.kv_cache_dtype)
+        block_size = self.config.cache_config.block_size
+        return (model or self.model).get_kv_cache_spec(block_size, num_kv_heads, self.kv_cache_dtype)
+
+    def _load_draft_model(self) -> tuple[nnx.Module | None, dict[str, KVCacheSpec]]:
+        """Speculative decoding's draft model (on the target's mesh) and its layers' KV specs,
+        which must be the one kind of the target's single KV cache group (the draft's cache
+        takes the target's blocks)."""
+        spec = self.config.speculative_config
+        if spec is None or spec.draft_model_config is None:
+            return None, {}
+        model = get_model(spec.draft_model_config, ShardedBackend(self.backend), mesh=self.mesh)
+        specs = self.get_kv_cache_spec(model, spec.draft_model_config)
+        group_spec = self.kv_cache_groups[0].kv_cache_spec
+        if len(self.kv_cache_groups) > 1 or any(type(s) is not type(group_spec) for s in specs.values()):
+            raise ValueError(
+                "speculative_config method='draft_model' needs a target with one KV cache group and a draft "
+                "model of the same attention kind (sliding windows on either side are not built yet)."
+            )
+        logger.info("loaded the draft model %s", spec.draft_model_config.model)
+        return model, specs
 
     def _kv_cache_shape(self, spec: AttentionSpec, num_blocks: int) -> tuple[int, ...]:
         return self.backend.kv_cache_shape(num_blocks, spec.block_size, spec.num_kv_heads, spec.head_size)
@@ -107,7 +127,11 @@ class Worker:
             sum(self._kv_dtype.itemsize * math.prod(self._kv_cache_shape(specs[i], 1)) for i in layers)
             for layers in self.layer_ranges
         ]
-        return max(per_stage) // self.mesh.size
+        # A draft model's cache takes the same blocks (pipeline stages and a draft model are exclusive).
+        draft = sum(
+            self._kv_dtype.itemsize * math.prod(self._kv_cache_shape(s, 1)) for s in self.draft_kv_cache_specs.values()
+        )
+        return (max(per_stage) + draft) // self.mesh.size
 
     def determine_kv_cache_config(self) -> KVCacheConfig:
         """The layers grouped by spec, and as many blocks as the memory left holds."""
@@ -175,8 +199,22 @@ class Worker:
             kv_cache_config.block_size,
             len(kv_cache_config.kv_cache_groups),
         )
+        draft = None
+        if self.draft_model is not None:
+            sharding = self.kv_cache_shardings[0]
+            caches = [
+                filled(self._kv_cache_shape(s, num_blocks), self._kv_dtype, 0, sharding)
+                for s in self.draft_kv_cache_specs.values()
+            ]
+            draft = (self.draft_model, caches)
         self.model_runner = ModelRunner(
-            self.config, self.model, self._allocate_kv_caches(num_blocks), self.mesh, kv_cache_config, self.stage_meshes
+            self.config,
+            self.model,
+            self._allocate_kv_caches(num_blocks),
+            self.mesh,
+            kv_cache_config,
+            self.stage_meshes,
+            draft,
         )
 
     def compile_or_warm_up_model(self) -> float:
