@@ -1,10 +1,11 @@
 """Speculative decoding: output tokens/s and acceptance length, with and without drafts.
 
-For each workload, an engine without speculation and one with the n-gram proposer (each in
-turn, the same engine arguments) generate `--output-len` tokens for `--num-prompts`
-requests (greedy, ignore_eos); the table gives output tokens/s, the speed-up, and the
-proposer's mean acceptance length (tokens per verified draft, the bonus token included) and
-draft acceptance rate from the scheduler's counts over the timed run.
+For each workload, an engine without speculation and one per proposer (the n-gram proposer,
+and with `--draft-model` a draft model; each in turn, the same engine arguments) generate
+`--output-len` tokens for `--num-prompts` requests (greedy, ignore_eos); the table gives
+output tokens/s, the speed-up, and the proposer's mean acceptance length (tokens per verified
+draft, the bonus token included) and draft acceptance rate from the scheduler's counts over
+the timed run.
 
 Workloads: "repetitive" asks the model to copy a passage it was given (prompt lookup's
 case: most drafts come true), "random" is random prompt tokens (few n-grams recur).
@@ -45,27 +46,32 @@ def _prompts(llm: LLM, workload: str, args: argparse.Namespace) -> list:
     return [{"prompt_token_ids": prompt} for prompt in ids]
 
 
-def _engine(args: argparse.Namespace, speculative: bool) -> LLM:
-    config = None
-    if speculative:
-        config = {
-            "method": "ngram",
-            "num_speculative_tokens": args.num_speculative_tokens,
-            "prompt_lookup_min": args.prompt_lookup_min,
-            "prompt_lookup_max": args.prompt_lookup_max,
-        }
+def _speculative_config(args: argparse.Namespace, method: str) -> dict | None:
+    if method == "none":
+        return None
+    if method == "draft_model":
+        return {"method": method, "model": args.draft_model, "num_speculative_tokens": args.num_speculative_tokens}
+    return {
+        "method": method,
+        "num_speculative_tokens": args.num_speculative_tokens,
+        "prompt_lookup_min": args.prompt_lookup_min,
+        "prompt_lookup_max": args.prompt_lookup_max,
+    }
+
+
+def _engine(args: argparse.Namespace, method: str) -> LLM:
     return LLM(
         args.model or get_default_model_path(),
         max_model_len=args.max_model_len,
         max_num_seqs=max(args.num_prompts, 1),
         max_num_batched_tokens=args.max_num_batched_tokens,
-        speculative_config=config,
+        speculative_config=_speculative_config(args, method),
         seed=0,
     )
 
 
-def run(args: argparse.Namespace, workload: str, speculative: bool) -> dict:
-    llm = _engine(args, speculative)
+def run(args: argparse.Namespace, workload: str, method: str) -> dict:
+    llm = _engine(args, method)
     prompts = _prompts(llm, workload, args)
     params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
     llm.generate(prompts[:1], SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
@@ -79,7 +85,7 @@ def run(args: argparse.Namespace, workload: str, speculative: bool) -> dict:
     gc.collect()
     return {
         "workload": workload,
-        "method": "ngram" if speculative else "none",
+        "method": method,
         "seconds": elapsed,
         "output_tokens": num_tokens,
         "output_tokens_per_s": num_tokens / elapsed,
@@ -102,6 +108,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-speculative-tokens", type=int, default=4)
     parser.add_argument("--prompt-lookup-min", type=int, default=2)
     parser.add_argument("--prompt-lookup-max", type=int, default=4)
+    parser.add_argument("--draft-model", default=None, help="Also run this draft model (method draft_model).")
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--max-num-batched-tokens", type=int, default=256)
     parser.add_argument("--output-json", default=None)
@@ -126,10 +133,13 @@ def _rows(runs: list[dict]) -> list[list[str]]:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     platform_name, device = harness.jax_device()
-    runs = [run(args, workload, speculative) for workload in args.workloads for speculative in (False, True)]
-    for plain, speculative in zip(runs[::2], runs[1::2]):
-        # Greedy: speculation must not change a token.
-        speculative["same_tokens_as_without"] = speculative["token_ids"] == plain["token_ids"]
+    methods = ["none", "ngram"] + (["draft_model"] if args.draft_model else [])
+    runs = [run(args, workload, method) for workload in args.workloads for method in methods]
+    plain = {run["workload"]: run for run in runs if run["method"] == "none"}
+    for result in runs:
+        if result["method"] != "none":
+            # Greedy: speculation must not change a token.
+            result["same_tokens_as_without"] = result["token_ids"] == plain[result["workload"]]["token_ids"]
     result = harness.run_metadata("spec_decode", "vjx", platform_name, device, args.model or "default")
     result.update(args=vars(args), runs=runs)
     header = ["workload", "method", "output tok/s", "speed-up", "acceptance length", "acceptance rate"]

@@ -113,8 +113,10 @@ class ModelRunner:
         """The speculative config's proposer; `draft` is the draft model and its KV caches."""
         if not self.num_spec_tokens:
             return None
-        if draft is None:
+        if config.speculative_config.method == "ngram":
             return NgramProposer(config.speculative_config, self.input_batch)
+        if draft is None:
+            return None  # a runner built only to size the step's memory
         model, kv_caches = draft
         return DraftModelProposer(
             model, kv_caches, self.mesh, self.layouts, self.input_batch, self.block_size, self.num_spec_tokens
