@@ -172,6 +172,8 @@ class DraftModelProposer:
             return
         layout = next(layout for t, layout in self.layouts.items() if total <= t)
         buffer = self.buffers[layout.num_tokens]
+        # The CPU backend may alias the buffer it was handed: the last program must be done.
+        jax.block_until_ready(self.kv_caches)
         buffer.reset()
         row_of_token = np.repeat(np.arange(len(rows)), counts)
         cu = np.cumsum(counts)
