@@ -519,7 +519,7 @@ class EngineArgs(VllmCompatArgs):
     def _num_lookahead_tokens(self) -> int:
         """A draft model's drafts need slots past the step's tokens (vLLM's lookahead)."""
         config = create_speculative_config(self._speculative_config_dict())
-        return config.num_speculative_tokens if config is not None and config.method == "draft_model" else 0
+        return config.num_speculative_tokens if config is not None and config.method != "ngram" else 0
 
     def _verify_pipeline(self, hf_text_config, quant_config) -> None:
         if self.pipeline_parallel_size == 1:
@@ -554,9 +554,11 @@ class EngineArgs(VllmCompatArgs):
     def _speculative_config(self, target: ModelConfig | None = None) -> SpeculativeConfig | None:
         """The checked config; with the `target` model's config, a draft model's config too."""
         config = create_speculative_config(self._speculative_config_dict())
-        if config is not None and config.method == "draft_model":
+        if config is not None and config.method != "ngram":
             if self.nnodes > 1:
-                raise ValueError(f"speculative_config method='draft_model' over nnodes={self.nnodes} is not built yet.")
+                raise ValueError(
+                    f"speculative_config method={config.method!r} over nnodes={self.nnodes} is not built yet."
+                )
             if target is not None:
                 # The draft model is found as the target is: embedded, a directory or a Hub id.
                 name = self._speculative_config_dict()["model"]

@@ -119,15 +119,17 @@ def get_model(
     mesh: Mesh | None = None,
     enable_expert_parallel: bool = False,
     stage_meshes: Sequence[Mesh] = (),
+    is_draft_head: bool = False,
 ) -> nnx.Module:
     """The model of `model_config` with its weights on the device (or spread over `mesh`,
     whole experts per device with `enable_expert_parallel`); with several `stage_meshes`,
-    each layer's params on its pipeline stage's mesh."""
+    each layer's params on its pipeline stage's mesh. `is_draft_head`: a speculative draft
+    head's checkpoint (vjx/models/registry.py)."""
     if model_config.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {model_config.dtype!r}.")
     if model_config.load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {model_config.load_format!r}.")
-    model_cls = get_model_class(model_config.hf_config)
+    model_cls = get_model_class(model_config.hf_config, is_draft_head)
     dtype = jnp.dtype(DTYPES[model_config.dtype])
     model = nnx.eval_shape(
         lambda: model_cls(

@@ -9,6 +9,7 @@ from vjx.models.gemma3 import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
 from vjx.models.gpt_oss import GptOssForCausalLM
 from vjx.models.granite import GraniteForCausalLM
 from vjx.models.llama import LlamaForCausalLM
+from vjx.models.llama_eagle import EagleLlamaForCausalLM
 from vjx.models.mixtral import MixtralForCausalLM
 from vjx.models.olmo2 import Olmo2ForCausalLM
 from vjx.models.phi3 import Phi3ForCausalLM
@@ -36,16 +37,22 @@ _MODELS: dict[str, type[nnx.Module]] = {
 }
 
 
+_DRAFT_HEADS: dict[str, type[nnx.Module]] = {"EagleLlamaForCausalLM": EagleLlamaForCausalLM}
+"""Speculative decoding's draft heads, which run beside a target and never as one."""
+
+
 def supported_architectures() -> list[str]:
     return sorted(_MODELS)
 
 
-def get_model_class(hf_config: Any) -> type[nnx.Module]:
-    """The module class for the first of `hf_config.architectures` that vjx implements."""
+def get_model_class(hf_config: Any, is_draft_head: bool = False) -> type[nnx.Module]:
+    """The module class for the first of `hf_config.architectures` that vjx implements (a
+    draft head's, with `is_draft_head`)."""
     architectures = getattr(hf_config, "architectures", None) or []
+    models = _DRAFT_HEADS if is_draft_head else _MODELS
     for name in architectures:
-        if name in _MODELS:
-            return _MODELS[name]
+        if name in models:
+            return models[name]
     raise ValueError(f"architectures {architectures} are not supported; vjx implements {supported_architectures()}.")
 
 

@@ -13,9 +13,8 @@ import transformers
 
 from vjx.config import ModelConfig, SpeculativeConfig
 
-BUILT_METHODS = ("ngram", "draft_model")
+BUILT_METHODS = ("ngram", "draft_model", "eagle")
 NOT_BUILT_METHODS = (
-    "eagle",
     "eagle3",
     "mtp",
     "medusa",
@@ -107,9 +106,9 @@ def create_speculative_config(config: dict[str, Any] | None) -> SpeculativeConfi
         raise ValueError(
             f"speculative_config num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}], got {k!r}."
         )
-    if method == "draft_model":
+    if method in ("draft_model", "eagle"):
         if not isinstance(config.get("model"), str) or not config["model"]:
-            raise ValueError("speculative_config method='draft_model' needs model: the draft model's directory or id.")
+            raise ValueError(f"speculative_config method={method!r} needs model: the draft model's directory or id.")
         return SpeculativeConfig(method, k)
     low, high = _lookup_range(config)
     return SpeculativeConfig(method, k, low, high)
@@ -136,8 +135,9 @@ def merge_spec_shorthands(
 
 
 def with_draft_model(config: SpeculativeConfig, draft_dir: str, target: ModelConfig) -> SpeculativeConfig:
-    """`config` with its draft model's config: the target's dtype, lengths and load format, the
-    draft's architecture; its vocabulary must be the target's (drafts are target token ids)."""
+    """`config` with its draft model's (or EAGLE head's) config: the target's dtype, lengths and
+    load format, the draft's architecture; its vocabulary must be the target's (drafts are
+    target token ids)."""
     hf_config = transformers.AutoConfig.from_pretrained(draft_dir)
     draft_vocab, target_vocab = hf_config.get_text_config().vocab_size, target.hf_text_config.vocab_size
     if draft_vocab != target_vocab:
@@ -145,5 +145,18 @@ def with_draft_model(config: SpeculativeConfig, draft_dir: str, target: ModelCon
             f"speculative_config model {draft_dir!r} has a vocabulary of {draft_vocab} tokens; the target's has "
             f"{target_vocab}: a draft model must share the target's tokenizer."
         )
+    if config.method == "eagle":
+        _verify_eagle_head(hf_config, target)
+        # The head's checkpoint names a Llama; the method says it is an EAGLE head.
+        hf_config.architectures = ["EagleLlamaForCausalLM"]
     draft = dataclasses.replace(target, model=draft_dir, hf_config=hf_config, quantization=None)
     return dataclasses.replace(config, draft_model_config=draft)
+
+
+def _verify_eagle_head(hf_config, target: ModelConfig) -> None:
+    """An EAGLE-1 head reads the target's embeddings and hidden states: their width must be its."""
+    if hf_config.hidden_size != target.hf_text_config.hidden_size:
+        raise ValueError(
+            f"speculative_config EAGLE head has hidden_size {hf_config.hidden_size}; the target's is "
+            f"{target.hf_text_config.hidden_size}: the head must be trained for this target."
+        )

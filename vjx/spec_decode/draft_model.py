@@ -75,6 +75,46 @@ def _decode(k: int, block_size: int, max_model_len: int, graphdef, treedef, para
     return kv_caches, drafts.T
 
 
+def fill_ragged(
+    layouts: dict[int, StepLayout],
+    buffers: dict[int, PackedBuffer],
+    batch: InputBatch,
+    block_size: int,
+    rows: np.ndarray,
+    starts: np.ndarray,
+    counts: np.ndarray,
+    token_offset: int = 0,
+) -> tuple[StepLayout, PackedBuffer]:
+    """The smallest bucket's buffer filled with row i's positions [starts[i], starts[i] +
+    counts[i]) of slot `rows[i]` (its token at position + `token_offset`), their slots in
+    the target's blocks, each row's last token as `logits_indices`."""
+    total = int(counts.sum())
+    layout = next(layout for t, layout in layouts.items() if total <= t)
+    buffer = buffers[layout.num_tokens]
+    buffer.reset()
+    row_of_token = np.repeat(np.arange(len(rows)), counts)
+    cu = np.cumsum(counts)
+    positions = starts[row_of_token] + np.arange(total) - (cu - counts)[row_of_token]
+    token_rows = rows[row_of_token]
+    table = batch.block_table.block_tables[0]
+    query_start_loc = np.full(layout.num_reqs + 1, total, np.int32)
+    query_start_loc[0], query_start_loc[1 : len(rows) + 1] = 0, cu
+    values = {
+        "input_ids": batch.token_ids_cpu[token_rows, positions + token_offset],
+        "positions": positions,
+        "query_start_loc": query_start_loc,
+        "seq_lens": starts + counts,
+        "num_seqs": np.array([len(rows)], np.int32),
+        "logits_indices": cu - 1,
+    }
+    for name, value in values.items():
+        buffer.fields[name][: len(value)] = value
+    block_ids = table.block_table[token_rows, positions // block_size]
+    buffer.fields["slot_mapping"][0, :total] = block_ids * block_size + positions % block_size
+    buffer.set_block_tables(table.block_table, rows, int(table.num_blocks_per_row[rows].max()))
+    return layout, buffer
+
+
 class DraftModelProposer:
     """Holds the draft model, its KV cache and its two compiled programs."""
 
@@ -142,7 +182,9 @@ class DraftModelProposer:
         the draft's KV too: every block the target computed, the draft computed)."""
         self.num_computed[row] = num_computed_tokens
 
-    def propose_batch(self, record: StepRecord, token_lists: list[list[int]], limits: list[int]) -> list[list[int]]:
+    def propose_batch(
+        self, record: StepRecord, token_lists: list[list[int]], limits: list[int], target_hidden=None
+    ) -> list[list[int]]:
         """Per row of the step, up to `limits[i]` drafts (rows with a limit of 0 get none)."""
         batch = self.batch
         in_batch = batch.slot_versions[record.rows] == record.slot_versions
@@ -167,33 +209,11 @@ class DraftModelProposer:
         starts = self.num_computed[rows]
         counts = np.maximum(ends - starts, 0)
         rows, starts, counts = rows[counts > 0], starts[counts > 0], counts[counts > 0]
-        total = int(counts.sum())
-        if not total:
+        if not counts.sum():
             return
-        layout = next(layout for t, layout in self.layouts.items() if total <= t)
-        buffer = self.buffers[layout.num_tokens]
         # The CPU backend may alias the buffer it was handed: the last program must be done.
         jax.block_until_ready(self.kv_caches)
-        buffer.reset()
-        row_of_token = np.repeat(np.arange(len(rows)), counts)
-        cu = np.cumsum(counts)
-        positions = starts[row_of_token] + np.arange(total) - (cu - counts)[row_of_token]
-        token_rows = rows[row_of_token]
-        table = self.batch.block_table.block_tables[0]
-        query_start_loc = np.full(layout.num_reqs + 1, total, np.int32)
-        query_start_loc[0], query_start_loc[1 : len(rows) + 1] = 0, cu
-        block_ids = table.block_table[token_rows, positions // self.block_size]
-        values = {
-            "input_ids": self.batch.token_ids_cpu[token_rows, positions],
-            "positions": positions,
-            "query_start_loc": query_start_loc,
-            "seq_lens": starts + counts,
-            "num_seqs": np.array([len(rows)], np.int32),
-        }
-        for name, value in values.items():
-            buffer.fields[name][: len(value)] = value
-        buffer.fields["slot_mapping"][0, :total] = block_ids * self.block_size + positions % self.block_size
-        buffer.set_block_tables(table.block_table, rows, int(table.num_blocks_per_row[rows].max()))
+        layout, buffer = fill_ragged(self.layouts, self.buffers, self.batch, self.block_size, rows, starts, counts)
         with jax.set_mesh(self.mesh):
             self.kv_caches = self._catch_ups[layout.num_tokens](
                 self.param_leaves, self.kv_caches, put_replicated(buffer.data, self.replicated)

@@ -27,7 +27,9 @@ class NgramProposer:
     def request_entered(self, row: int, num_computed_tokens: int) -> None:
         """The proposer keeps no state per request."""
 
-    def propose_batch(self, record: StepRecord, token_lists: list[list[int]], limits: list[int]) -> list[list[int]]:
+    def propose_batch(
+        self, record: StepRecord, token_lists: list[list[int]], limits: list[int], target_hidden=None
+    ) -> list[list[int]]:
         """Per row of the step, up to `limits[i]` drafts from its tokens in the batch."""
         batch = self.batch
         return [

@@ -25,10 +25,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from vjx.config import VjxConfig
 from vjx.core.sched.output import CachedRequestData, SchedulerOutput
 from vjx.kv_cache_interface import KVCacheConfig
+from vjx.models.loader import DTYPES
 from vjx.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vjx.sharding.pipeline import stage_layer_ranges
 from vjx.sharding.placement import filled, put_replicated
 from vjx.spec_decode.draft_model import DraftModelProposer
+from vjx.spec_decode.eagle import EagleProposer
 from vjx.spec_decode.ngram_proposer import NgramProposer
 from vjx.spec_decode.sample_positions import SPEC_DECODE_INPUTS, accepted_tokens, sample_positions
 from vjx.worker.compile_watch import CompileWatch
@@ -109,7 +111,9 @@ class ModelRunner:
         self._failed_req_ids: set[str] = set()
         """Requests that failed to enter the batch, until the scheduler reports them finished."""
 
-    def _make_drafter(self, config: VjxConfig, draft: tuple | None) -> NgramProposer | DraftModelProposer | None:
+    def _make_drafter(
+        self, config: VjxConfig, draft: tuple | None
+    ) -> NgramProposer | DraftModelProposer | EagleProposer | None:
         """The speculative config's proposer; `draft` is the draft model and its KV caches."""
         if not self.num_spec_tokens:
             return None
@@ -118,6 +122,20 @@ class ModelRunner:
         if draft is None:
             return None  # a runner built only to size the step's memory
         model, kv_caches = draft
+        if config.speculative_config.method == "eagle":
+            target = (self.graphdef, self.treedef, lambda: self.param_leaves)
+            hidden_dtype = DTYPES[config.model_config.dtype]
+            return EagleProposer(
+                model,
+                kv_caches,
+                target,
+                self.mesh,
+                self.layouts,
+                self.input_batch,
+                self.block_size,
+                self.num_spec_tokens,
+                hidden_dtype,
+            )
         return DraftModelProposer(
             model, kv_caches, self.mesh, self.layouts, self.input_batch, self.block_size, self.num_spec_tokens
         )
@@ -125,6 +143,7 @@ class ModelRunner:
     def _make_layouts(self, config: VjxConfig, max_blocks: int) -> dict[int, StepLayout]:
         """One layout per token bucket; with speculative decoding its inputs join the table."""
         table = STEP_INPUTS.with_inputs(*SPEC_DECODE_INPUTS) if self.num_spec_tokens else STEP_INPUTS
+        is_eagle = self.num_spec_tokens > 0 and config.speculative_config.method == "eagle"
         return {
             t: StepLayout(
                 t,
@@ -135,6 +154,7 @@ class ModelRunner:
                 self.num_kv_cache_groups,
                 num_bitmask_words=-(-config.model_config.hf_text_config.vocab_size // 32),
                 num_spec_tokens=self.num_spec_tokens,
+                returns_hidden_states=is_eagle,
                 table=table,
             )
             for t in token_buckets(config.scheduler_config.max_num_batched_tokens)
@@ -209,7 +229,7 @@ class ModelRunner:
         # then run two steps at once).
         needs_last = (buffer.fields["prev_sampled_index"] >= 0).any()
         with self.compile_watch:
-            self.kv_caches, self.history, sampled, logprobs, prompt_logprobs = step(
+            outputs = step(
                 self.param_leaves,
                 self.kv_caches,
                 self.history,
@@ -218,11 +238,14 @@ class ModelRunner:
                 self._to_device(buffer.data),
                 grammar_bans,
             )
+        self.kv_caches, self.history, sampled, logprobs, prompt_logprobs, *hidden = outputs
         self._last_sampled = sampled
         self._sample_index_by_slot.fill(-1)
         if not self.num_spec_tokens:
             self._sample_index_by_slot[rows[record.is_sampling]] = np.flatnonzero(record.is_sampling)
-        return AsyncModelRunnerOutput(lambda: self._collect(record, sampled, logprobs, prompt_logprobs, failed))
+        return AsyncModelRunnerOutput(
+            lambda: self._collect(record, sampled, logprobs, prompt_logprobs, failed, *hidden)
+        )
 
     def _grammar_bans(self, layout: StepLayout, so: SchedulerOutput, req_ids: list[str]) -> jax.Array:
         """The complement of the step's grammar bitmask on the device (a set bit bans a
@@ -455,8 +478,11 @@ class ModelRunner:
             "is_below_min_tokens": is_below_min_tokens,
         }
 
-    def _collect(self, record: StepRecord, sampled, logprobs, prompt_logprobs, failed: set[str]) -> ModelRunnerOutput:
-        """Waits for a step's tokens and appends each to its request.
+    def _collect(
+        self, record: StepRecord, sampled, logprobs, prompt_logprobs, failed: set[str], hidden=None
+    ) -> ModelRunnerOutput:
+        """Waits for a step's tokens and appends each to its request (`hidden`: the step's
+        hidden states, when an EAGLE head drafts from them).
 
         A request may have left the batch (preempted) or the runner (finished) since the step
         was dispatched: its token still goes to the scheduler, which decides what to keep.
@@ -477,7 +503,7 @@ class ModelRunner:
         )
         collect_logprobs(record, logprobs, prompt_logprobs, self.requests, output)
         if self.drafter is not None:
-            output.spec_token_ids = self._propose_drafts(record, sampled_token_ids)
+            output.spec_token_ids = self._propose_drafts(record, sampled_token_ids, hidden)
         return output
 
     def _append_sampled_tokens(self, record: StepRecord, tokens: np.ndarray) -> None:
@@ -504,7 +530,7 @@ class ModelRunner:
             elif (state := self.requests.get(record.req_ids[i])) is not None:
                 state.output_token_ids.extend(tokens)
 
-    def _propose_drafts(self, record: StepRecord, token_lists: list[list[int]]) -> list[list[int]]:
+    def _propose_drafts(self, record: StepRecord, token_lists: list[list[int]], hidden=None) -> list[list[int]]:
         """Per row, the drafts for its request's next step, from its tokens now."""
         batch = self.input_batch
         limits = []
@@ -512,7 +538,7 @@ class ModelRunner:
             row, state = int(record.rows[i]), self.requests.get(record.req_ids[i])
             is_in_batch = batch.slot_versions[row] == record.slot_versions[i]
             limits.append(self._max_drafts(state, row) if tokens and state is not None and is_in_batch else 0)
-        return self.drafter.propose_batch(record, token_lists, limits)
+        return self.drafter.propose_batch(record, token_lists, limits, hidden)
 
     def _max_drafts(self, state: CachedRequestState, row: int) -> int:
         """How many drafts the request's next step may verify: none under a grammar (its mask

@@ -133,7 +133,8 @@ def model_step(
     packed: Int[Array, " P"],
     grammar_bans: Int[Array, "R M"],
 ):
-    """Forward the step's tokens, write their KV, and sample one token per row.
+    """Forward the step's tokens, write their KV, and sample one token per row (with
+    `layout.returns_hidden_states`, the tokens' final hidden states come out last).
 
     Layer i attends with its KV cache group's metadata (`layer_group_ids[i]`). The sampled ids
     are padded to MS = max_num_samples entries, so every variant returns (and takes back as
@@ -144,7 +145,8 @@ def model_step(
     model = nnx.merge(graphdef, jax.tree.unflatten(treedef, param_leaves))
     attn_metadata = layer_attention_metadata(layout, layer_group_ids, f)
     hidden, kv_caches = model(input_ids, f["positions"], kv_caches, attn_metadata)
-    return kv_caches, *sample_step(layout, model, f, hidden, input_ids, history, slot_tables, grammar_bans)
+    outputs = (kv_caches, *sample_step(layout, model, f, hidden, input_ids, history, slot_tables, grammar_bans))
+    return (*outputs, hidden) if layout.returns_hidden_states else outputs
 
 
 def step_input_ids(f: dict[str, Array], prev_sampled: Int[Array, " MS"]) -> Int[Array, " T"]:
@@ -202,7 +204,8 @@ def compile_step(
     fn = jax.jit(
         functools.partial(model_step, layout, layer_group_ids, graphdef, treedef),
         in_shardings=(*state_shardings, replicated, replicated, replicated),
-        out_shardings=(state_shardings[1], state_shardings[2], replicated, replicated, replicated),
+        out_shardings=(state_shardings[1], state_shardings[2], replicated, replicated, replicated)
+        + ((replicated,) if layout.returns_hidden_states else ()),
         donate_argnums=(1, 2),
     )
     structs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)

@@ -69,6 +69,7 @@ class StepLayout:
     num_kv_cache_groups: int = 1  # G: one block table and slot mapping each
     num_bitmask_words: int = 1  # M: int32 words of a row's grammar bitmask, ceil(V / 32)
     num_spec_tokens: int = 0  # k: draft tokens a row may verify (speculative decoding)
+    returns_hidden_states: bool = False  # the step also returns its tokens' final hidden states (EAGLE)
     features: StepFeatures = GENERAL
     table: StepInputTable = dataclasses.field(default=STEP_INPUTS, repr=False, compare=False)
 

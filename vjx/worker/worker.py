@@ -105,7 +105,8 @@ class Worker:
         spec = self.config.speculative_config
         if spec is None or spec.draft_model_config is None:
             return None, {}
-        model = get_model(spec.draft_model_config, ShardedBackend(self.backend), mesh=self.mesh)
+        is_head = spec.method == "eagle"
+        model = get_model(spec.draft_model_config, ShardedBackend(self.backend), mesh=self.mesh, is_draft_head=is_head)
         specs = self.get_kv_cache_spec(model, spec.draft_model_config)
         group_spec = self.kv_cache_groups[0].kv_cache_spec
         if len(self.kv_cache_groups) > 1 or any(type(s) is not type(group_spec) for s in specs.values()):
