@@ -4,11 +4,14 @@ filters and penalties: a seeded request draws the same tokens), with logprobs, n
 chunked prefill, prefix caching and preemption happening during the run; drafts are accepted
 on prompts that repeat."""
 
+import re
+
 import numpy as np
 import pytest
 
 from tests.helpers.tiny_default_model import save_tiny_default_model
 from vjx import LLM, SamplingParams
+from vjx.sampling_params import StructuredOutputsParams
 
 # A small pool (40 blocks of 16 tokens) and budget: the batch below preempts and chunks.
 ENGINE_ARGS = dict(max_model_len=256, max_num_seqs=8, max_num_batched_tokens=32, num_gpu_blocks_override=40, seed=0)
@@ -36,6 +39,20 @@ _CASES = {
     ),
     "logprobs": (_REPEATING[:2], SamplingParams(max_tokens=24, temperature=0.0, logprobs=3)),
     "n2": (_REPEATING[:2], SamplingParams(max_tokens=24, temperature=1.0, n=2, seed=5)),
+    # The grammar's mask applies at every draft's position: n-gram drafts that follow the
+    # regex are accepted, and the output is the constrained one without speculation.
+    "structured": (
+        _REPEATING[:1],
+        SamplingParams(
+            max_tokens=40, temperature=0.0, structured_outputs=StructuredOutputsParams(regex="( one two three four)+")
+        ),
+    ),
+    "structured_seeded": (
+        _REPEATING[1:2],
+        SamplingParams(
+            max_tokens=30, temperature=1.0, seed=9, structured_outputs=StructuredOutputsParams(regex="( [a-f])+")
+        ),
+    ),
     # Eight long requests at once: 40 blocks cannot hold them all, so some are preempted.
     "preempted": ([p + " " + p for p in _REPEATING] * 2, SamplingParams(max_tokens=64, temperature=0.0)),
 }
@@ -99,3 +116,10 @@ def test_logprobs_of_accepted_tokens_are_the_ones_without_speculation(reference,
             np.testing.assert_allclose(
                 [p.logprob for p in spec_position.values()], [p.logprob for p in ref_position.values()], atol=1e-4
             )
+
+
+def test_structured_outputs_follow_their_grammar_with_drafts_accepted(speculative):
+    outputs, _, _ = speculative
+    assert outputs["structured"][0].outputs[0].text.startswith(" one two three four one two")
+    # Cut by max_tokens: a prefix of the regex's language.
+    assert re.fullmatch(r"( [a-f])+ ?", outputs["structured_seeded"][0].outputs[0].text)

@@ -42,14 +42,17 @@ SPEC_DECODE_INPUTS = (
 
 
 def _is_per_row(field: dataclasses.Field) -> bool:
-    """Fields with a leading row axis: all but the static flags and the slot-indexed bias table."""
-    return not field.metadata.get("static") and field.name != "logit_bias"
+    """Fields with a leading row axis: all but the static flags, the slot-indexed bias table
+    and the grammar bans (which come per position)."""
+    return not field.metadata.get("static") and field.name not in ("logit_bias", "grammar_bans")
 
 
-def sample_positions_metadata(md: SamplingMetadata, fields: dict[str, Array]) -> SamplingMetadata:
-    """The rows' sampling metadata, one entry per sampling position."""
+def sample_positions_metadata(md: SamplingMetadata, fields: dict[str, Array], grammar_bans: Array) -> SamplingMetadata:
+    """The rows' sampling metadata, one entry per sampling position; `grammar_bans` [S, M]
+    is the grammar's mask at each position (after the drafts before it)."""
     rows = fields["spec_sample_rows"]
     per_position = {f.name: getattr(md, f.name)[rows] for f in dataclasses.fields(md) if _is_per_row(f)}
+    per_position["grammar_bans"] = grammar_bans
     per_position["num_tokens"] = fields["spec_num_tokens"]
     per_position["sample_positions"] = per_position["sample_positions"] + fields["spec_sample_offsets"]
     return dataclasses.replace(md, **per_position)

@@ -146,6 +146,23 @@ class GuidanceGrammar:
             logger.warning("A token left its grammar: %s", self.matcher.get_error())
         return is_accepted
 
+    def fill_draft_bitmasks(self, bitmask: np.ndarray, row: int, drafts: list[int]) -> bool:
+        """Rows `row` to `row + len(drafts)`: the mask before each draft and after the last, as
+        if the drafts before it were accepted (the matcher is rolled back after). From the
+        first draft the grammar refuses on, the rows keep all tokens allowed: the step rejects
+        that draft (its own row bans it), so no token after it is kept. False as
+        `fill_bitmask` for the first row."""
+        if not self.fill_bitmask(bitmask, row):
+            return False
+        num_valid = self.matcher.validate_tokens(drafts) if drafts and not self.matcher.is_stopped() else 0
+        if num_valid:
+            self.matcher.consume_tokens(drafts[:num_valid])
+        # Latest state first: the row after drafts[:j], then one token back.
+        for j in range(num_valid, 0, -1):
+            llguidance.numpy.fill_next_token_bitmask(self.matcher, bitmask, row + j)
+            self.matcher.rollback(1)
+        return True
+
     def fill_bitmask(self, bitmask: np.ndarray, row: int) -> bool:
         """Writes the next token's mask into `bitmask[row]`; False when no token is allowed
         (the matcher failed), which ends the request."""

@@ -115,10 +115,16 @@ class StructuredOutputManager:
         grammar.accept_tokens(new_token_ids)
         return grammar.is_terminated
 
-    def grammar_bitmask(self, requests: list[Request | None]) -> np.ndarray | None:
+    def grammar_bitmask(
+        self, requests: list[Request | None], drafts: list[list[int]] | None = None
+    ) -> np.ndarray | None:
         """One row per entry of `requests` (None, or a request without a grammar: all tokens
-        allowed); None when no row is constrained. A grammar that allows no token at all
-        ends: its row allows only EOS, and the request stops there."""
+        allowed), and with `drafts` (speculative decoding) one more row per draft of the
+        entry, each the mask after the drafts before it; None when no row is constrained. A
+        grammar that allows no token at all ends: its row allows only EOS, and the request
+        stops there."""
+        drafts = drafts or [[] for _ in requests]
+        starts = np.cumsum([0] + [1 + len(d) for d in drafts])
         rows = [
             (i, request.structured_output_request)
             for i, request in enumerate(requests)
@@ -128,12 +134,12 @@ class StructuredOutputManager:
         ]
         if not rows:
             return None
-        bitmask = self._backend.allocate_token_bitmask(len(requests))
+        bitmask = self._backend.allocate_token_bitmask(int(starts[-1]))
         for i, so_request in rows:
-            grammar = so_request.grammar
-            if grammar.is_terminated or not grammar.fill_bitmask(bitmask, i):
+            grammar, row = so_request.grammar, int(starts[i])
+            if grammar.is_terminated or not grammar.fill_draft_bitmasks(bitmask, row, drafts[i]):
                 grammar.is_terminated = True
-                _allow_only(bitmask, i, grammar.eos_token_id)
+                _allow_only(bitmask, row, grammar.eos_token_id)
         return bitmask
 
     def shutdown(self) -> None:

@@ -91,7 +91,7 @@ class ModelRunner:
         self.layouts = self._make_layouts(config, max_blocks)
         self.drafter = self._make_drafter(config, draft)
         self._no_grammar: dict[int, jax.Array] = {}
-        """Per request bucket, grammar bans of all zeros on the device (no row constrained)."""
+        """Per sampling-position count, grammar bans of all zeros on the device (no row constrained)."""
         # Host buffers per bucket, used in turn, one per step in flight (at least two): the CPU
         # backend may alias a numpy array it was handed, so a buffer is refilled only after
         # the step that read it finished.
@@ -220,7 +220,7 @@ class ModelRunner:
         layout = self._layout_for(int(num_tokens.sum()))
         drafts = self._write_drafts(rows, scheduler_output.scheduled_spec_decode_tokens)
         buffer, record = self._prepare_inputs(layout, rows, num_tokens, drafts)
-        grammar_bans = self._grammar_bans(layout, scheduler_output, record.req_ids)
+        grammar_bans = self._grammar_bans(layout, scheduler_output, record)
         features = self._features(buffer.fields, rows, record)
         if scheduler_output.grammar_bitmask is not None:
             features = GENERAL
@@ -247,18 +247,26 @@ class ModelRunner:
             lambda: self._collect(record, sampled, logprobs, prompt_logprobs, failed, *hidden)
         )
 
-    def _grammar_bans(self, layout: StepLayout, so: SchedulerOutput, req_ids: list[str]) -> jax.Array:
+    def _grammar_bans(self, layout: StepLayout, so: SchedulerOutput, record: StepRecord) -> jax.Array:
         """The complement of the step's grammar bitmask on the device (a set bit bans a
-        token), its rows in the step's row order (the scheduler's rows follow
-        `num_scheduled_tokens`); all zeros without a constrained row."""
+        token), a row per sampling position in the step's order (the scheduler's rows follow
+        `num_scheduled_tokens`, each request's drafts after it); all zeros without a
+        constrained row."""
         if so.grammar_bitmask is None:
-            if layout.num_reqs not in self._no_grammar:
-                shape = (layout.num_reqs, layout.num_bitmask_words)
-                self._no_grammar[layout.num_reqs] = filled(shape, np.int32, 0, self.replicated)
-            return self._no_grammar[layout.num_reqs]
-        index = {req_id: i for i, req_id in enumerate(so.num_scheduled_tokens)}
-        bans = np.zeros((layout.num_reqs, layout.num_bitmask_words), np.int32)
-        bans[: len(req_ids)] = ~so.grammar_bitmask[[index[req_id] for req_id in req_ids]]
+            if layout.num_samples not in self._no_grammar:
+                shape = (layout.num_samples, layout.num_bitmask_words)
+                self._no_grammar[layout.num_samples] = filled(shape, np.int32, 0, self.replicated)
+            return self._no_grammar[layout.num_samples]
+        spec = so.scheduled_spec_decode_tokens
+        counts = [1 + len(spec.get(req_id, ())) for req_id in so.num_scheduled_tokens]
+        first_row = dict(zip(so.num_scheduled_tokens, np.cumsum(counts) - counts))
+        rows = [
+            first_row[req_id] + j
+            for req_id, drafts in zip(record.req_ids, record.drafts)
+            for j in range(1 + len(drafts))
+        ]
+        bans = np.zeros((layout.num_samples, layout.num_bitmask_words), np.int32)
+        bans[: len(rows)] = ~so.grammar_bitmask[rows]
         return put_replicated(bans, self.replicated)
 
     def _to_device(self, packed: np.ndarray) -> jax.Array:
@@ -541,13 +549,13 @@ class ModelRunner:
         return self.drafter.propose_batch(record, token_lists, limits, hidden)
 
     def _max_drafts(self, state: CachedRequestState, row: int) -> int:
-        """How many drafts the request's next step may verify: none under a grammar (its mask
-        follows the request's tokens) or below min_tokens (its stop-token bans change per
-        position); else up to max_model_len, and one short of max_tokens (the step adds one)."""
+        """How many drafts the request's next step may verify: none below min_tokens (its
+        stop-token bans change per position); else up to max_model_len, and one short of
+        max_tokens (the step adds one)."""
         batch, params = self.input_batch, state.sampling_params
         num_tokens = int(batch.num_tokens[row])
         num_outputs = num_tokens - int(batch.num_prompt_tokens[row])
-        if params.structured_outputs is not None or num_outputs < batch.min_tokens[row]:
+        if num_outputs < batch.min_tokens[row]:
             return 0
         limit = self.max_model_len - num_tokens
         if params.max_tokens is not None:

@@ -167,11 +167,14 @@ def sample_step(layout: StepLayout, model, f, hidden, input_ids, history, slot_t
     padded to `max_num_samples`) and the logprobs. Returns (history, sampled, logprobs,
     prompt_logprobs)."""
     history = history.at[f["token_slots"], f["positions"]].set(input_ids, mode="drop")
-    md = _sampling_metadata(layout, f, history, slot_tables, grammar_bans)
     logits_indices, num_logprobs = f["logits_indices"], f["num_logprobs"]
     if layout.num_spec_tokens:
-        md = sample_positions_metadata(md, f)
+        # The grammar bans come a row per sampling position already.
+        no_bans = jnp.zeros((layout.num_reqs, grammar_bans.shape[1]), jnp.int32)
+        md = sample_positions_metadata(_sampling_metadata(layout, f, history, slot_tables, no_bans), f, grammar_bans)
         logits_indices, num_logprobs = f["spec_logits_indices"], num_logprobs[f["spec_sample_rows"]]
+    else:
+        md = _sampling_metadata(layout, f, history, slot_tables, grammar_bans)
     logits = _logits(model, hidden[logits_indices])
     sampled = sample(logits, md)
     logprobs = _sample_logprobs(layout, logits, sampled, num_logprobs)
@@ -211,6 +214,6 @@ def compile_step(
     structs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
     prev_sampled = jax.ShapeDtypeStruct((layout.max_num_samples,), jnp.int32, sharding=replicated)
     packed = jax.ShapeDtypeStruct((layout.size,), jnp.int32, sharding=replicated)
-    grammar_bans = jax.ShapeDtypeStruct((layout.num_reqs, layout.num_bitmask_words), jnp.int32, sharding=replicated)
+    grammar_bans = jax.ShapeDtypeStruct((layout.num_samples, layout.num_bitmask_words), jnp.int32, sharding=replicated)
     with jax.set_mesh(mesh):
         return fn.lower(*structs, prev_sampled, packed, grammar_bans).compile()

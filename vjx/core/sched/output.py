@@ -50,6 +50,7 @@ class SchedulerOutput:
     """Per request with drafts: the draft tokens among its scheduled tokens (its last
     `len(drafts)` ones), which the step verifies."""
     grammar_bitmask: np.ndarray | None = None
-    """int32 [requests, ceil(V / 32)]: bit v of row i allows token v for the i-th request of
-    `num_scheduled_tokens`; None when no request of the step is constrained. Set by
+    """int32 [rows, ceil(V / 32)]: bit v of a row allows token v; the requests of
+    `num_scheduled_tokens` in order, one row each, and with drafts one more per draft (the
+    mask after the drafts before it); None when no request of the step is constrained. Set by
     `Scheduler.get_grammar_bitmask` just before the step is dispatched."""

@@ -379,7 +379,7 @@ class Scheduler:
             )
             if not new_token_ids:
                 continue
-            if model_runner_output.spec_token_ids and not stopped:
+            if model_runner_output.spec_token_ids and not stopped and self._may_draft(request):
                 request.spec_token_ids = model_runner_output.spec_token_ids[req_id_to_index[req_id]]
             if request.structured_output_request is not None and not stopped:
                 stopped = self._advance_grammar(request, new_token_ids)
@@ -411,6 +411,13 @@ class Scheduler:
         finished_requests = self._finished_req_ids_to_report
         self._finished_req_ids_to_report = set()
         return EngineCoreOutputs(outputs=outputs, finished_requests=finished_requests)
+
+    @staticmethod
+    def _may_draft(request: Request) -> bool:
+        """A constrained request takes drafts once its grammar has started: the think-end
+        token is found only in the tokens a step keeps."""
+        so_request = request.structured_output_request
+        return so_request is None or so_request.reasoning_ended
 
     def _reject_drafts(self, request: Request, drafts: list[int], num_accepted: int) -> None:
         """The step computed all of the request's drafts; those after the first rejected one
@@ -454,7 +461,9 @@ class Scheduler:
         if not self._num_constrained_reqs:
             return
         requests = [self.requests.get(req_id) for req_id in scheduler_output.num_scheduled_tokens]
-        scheduler_output.grammar_bitmask = self.structured_output_manager.grammar_bitmask(requests)
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        drafts = [spec.get(req_id, []) for req_id in scheduler_output.num_scheduled_tokens] if spec else None
+        scheduler_output.grammar_bitmask = self.structured_output_manager.grammar_bitmask(requests, drafts)
 
     def _fail_requests(self, request_ids: set[str]) -> list[EngineCoreOutput]:
         """Finishes the requests the runner could not run, each with an ERROR output."""
