@@ -83,3 +83,11 @@ def test_a_draft_model_must_share_the_targets_vocabulary(tmp_path):
         EngineArgs(target, speculative_config=config).create_engine_config()
     with pytest.raises(ValueError, match="method='draft_model' over nnodes=2 is not built yet"):
         EngineArgs(target, speculative_config=config, nnodes=2)
+
+
+def test_an_eagle_head_must_have_the_targets_width(tmp_path):
+    target = save_tiny_default_model(tmp_path / "target")
+    head = save_tiny_default_model(tmp_path / "head", num_hidden_layers=1, hidden_size=32, head_dim=8)
+    config = {"method": "eagle", "model": head, "num_speculative_tokens": 2}
+    with pytest.raises(ValueError, match="EAGLE head has hidden_size 32; the target's is 64"):
+        EngineArgs(target, speculative_config=config).create_engine_config()
