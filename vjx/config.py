@@ -186,6 +186,12 @@ class SpeculativeConfig:
     """"draft_model": the draft model (a smaller model with the target's vocabulary), which
     proposes its greedy tokens."""
 
+    @property
+    def num_lookahead_tokens(self) -> int:
+        """Slots a request needs past its scheduled tokens: a proposer on the device writes
+        its drafts' KV there right after the step (vLLM's lookahead); the n-gram one none."""
+        return 0 if self.method == "ngram" else self.num_speculative_tokens
+
 
 @dataclasses.dataclass(frozen=True)
 class VjxConfig:

@@ -343,6 +343,7 @@ class EngineArgs(VllmCompatArgs):
         # Over several hosts the devices are counted once this process has joined the others.
         if self.nnodes == 1 or jax.distributed.is_initialized():
             device_groups(parallel_config)
+        speculative_config = self._speculative_config(model_config)
         return VjxConfig(
             model_config=model_config,
             cache_config=CacheConfig(
@@ -354,13 +355,13 @@ class EngineArgs(VllmCompatArgs):
                 prefix_caching_hash_algo=self.prefix_caching_hash_algo,
                 cache_dtype=self.kv_cache_dtype,
             ),
-            scheduler_config=self._scheduler_config(max_model_len),
+            scheduler_config=self._scheduler_config(max_model_len, speculative_config),
             parallel_config=parallel_config,
             attention_backend=self.attention_backend or default_backend_name(),
             multiprocess=self._multiprocess(),
             structured_outputs_config=StructuredOutputsConfig(reasoning_parser=self.reasoning_parser),
             profile_host=self.profile_host,
-            speculative_config=self._speculative_config(model_config),
+            speculative_config=speculative_config,
         )
 
     def create_parallel_config(self) -> ParallelConfig:
@@ -489,7 +490,7 @@ class EngineArgs(VllmCompatArgs):
             )
         return self.max_model_len
 
-    def _scheduler_config(self, max_model_len: int) -> SchedulerConfig:
+    def _scheduler_config(self, max_model_len: int, speculative_config: SpeculativeConfig | None) -> SchedulerConfig:
         budget = self.max_num_batched_tokens
         if budget is None:
             budget = _DEFAULT_BATCHED_TOKENS.get(jax.default_backend(), _DEFAULT_BATCHED_TOKENS_ACCEL)
@@ -512,14 +513,9 @@ class EngineArgs(VllmCompatArgs):
             enable_chunked_prefill=self.enable_chunked_prefill,
             long_prefill_token_threshold=self.long_prefill_token_threshold,
             scheduling_policy=self.scheduling_policy,
-            async_scheduling=self._async_scheduling(),
-            num_lookahead_tokens=self._num_lookahead_tokens(),
+            async_scheduling=self._async_scheduling(speculative_config),
+            num_lookahead_tokens=0 if speculative_config is None else speculative_config.num_lookahead_tokens,
         )
-
-    def _num_lookahead_tokens(self) -> int:
-        """A draft model's drafts need slots past the step's tokens (vLLM's lookahead)."""
-        config = create_speculative_config(self._speculative_config_dict())
-        return config.num_speculative_tokens if config is not None and config.method != "ngram" else 0
 
     def _verify_pipeline(self, hf_text_config, quant_config) -> None:
         if self.pipeline_parallel_size == 1:
@@ -577,8 +573,8 @@ class EngineArgs(VllmCompatArgs):
             )
         return config
 
-    def _async_scheduling(self) -> bool:
-        if self._speculative_config_dict():
+    def _async_scheduling(self, speculative_config: SpeculativeConfig | None) -> bool:
+        if speculative_config is not None:
             return False
         if self.async_scheduling is None:
             return jax.default_backend() != "cpu"

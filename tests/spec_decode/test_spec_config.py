@@ -57,7 +57,7 @@ def test_what_is_not_built_is_refused_by_name(config, message):
 def test_engine_args_merge_the_shorthands_and_refuse_what_cannot_run_with_drafts():
     args = EngineArgs(spec_method="ngram", spec_tokens=3)
     assert create_speculative_config(args._speculative_config_dict()) == SpeculativeConfig("ngram", 3, 5, 5)
-    assert not args._async_scheduling()
+    assert not args._async_scheduling(args._speculative_config())
     with pytest.raises(ValueError, match="mutually exclusive"):
         EngineArgs(speculative_config={"num_speculative_tokens": 2}, spec_tokens=3)._speculative_config_dict()
     config = {"method": "ngram", "num_speculative_tokens": 2}

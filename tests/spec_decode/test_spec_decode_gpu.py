@@ -7,7 +7,8 @@ own draft model has its drafts accepted. The draft model is the same shapes with
 the EAGLE head one layer with `fc`.
 
 Run on the lent GPU with the tokenizer at $VJX_TEST_TOKENIZER (default: the embedded
-model's): `pytest -m gpu -s tests/spec_decode/test_spec_decode_gpu.py`."""
+model's): `pytest -o addopts="" -m gpu -s tests/spec_decode/test_spec_decode_gpu.py` (the
+device has no beartype for the test suite's jaxtyping hook)."""
 
 import json
 import os

@@ -44,7 +44,10 @@ class KVCacheManager:
         *,
         kv_cache_groups: Sequence[KVCacheGroupSpec] | None = None,
         hash_algo: str = "sha256",
+        num_lookahead_tokens: int = 0,
     ) -> None:
+        """`num_lookahead_tokens`: slots every allocation adds past the new tokens (a
+        speculative proposer on the device writes its drafts' KV there after the step)."""
         if block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {block_size}.")
         if max_model_len < 1:
@@ -60,6 +63,7 @@ class KVCacheManager:
                 )
         self.block_size = block_size
         self.max_model_len = max_model_len
+        self.num_lookahead_tokens = num_lookahead_tokens
         self.enable_caching = enable_caching
         self.hash_fn = get_hash_fn_by_name(hash_algo)
         self.coordinator = get_kv_cache_coordinator(kv_cache_groups, num_gpu_blocks, enable_caching)
@@ -131,6 +135,8 @@ class KVCacheManager:
         """
         if num_new_tokens < 1:
             raise ValueError(f"num_new_tokens must be at least 1, got {num_new_tokens}.")
+        # Lookahead slots count as new tokens; caching stops at the request's known tokens anyway.
+        num_new_tokens += self.num_lookahead_tokens
         request_id = request.request_id
         coordinator = self.coordinator
         if new_computed_blocks is None and self._holds_slots_for(request, num_new_tokens):

@@ -56,10 +56,11 @@ class RemoteEngine:
         self.group = group
         self.token = token
         self.data_parallel_rank = ready.data_parallel_rank
+        self.identity = replica_identity(ready.data_parallel_rank).decode()
         self.addresses = {"input": ready.input_address}
 
     def is_alive(self) -> bool:
-        return self.group.silent != replica_identity(self.data_parallel_rank).decode()
+        return self.group.silent != self.identity
 
     def exit_description(self) -> str:
         return f"on another host stopped answering for {HEARTBEAT_TIMEOUT_S:.0f} s (it died or its host is unreachable)"

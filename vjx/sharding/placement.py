@@ -94,3 +94,8 @@ def filled(shape: tuple[int, ...], dtype, value, sharding: Sharding) -> jax.Arra
 @functools.cache
 def _filled_fn(shape: tuple[int, ...], dtype, value, sharding: Sharding):
     return jax.jit(lambda: jnp.full(shape, value, dtype), out_shardings=sharding)
+
+
+def abstract_like(tree):
+    """Each array of `tree` as a `ShapeDtypeStruct` with its sharding, for AOT lowering."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)

@@ -28,11 +28,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vjx.attention.metadata import AttentionMetadata
 from vjx.sharding.constraints import replicate
-from vjx.sharding.placement import put_replicated
+from vjx.sharding.placement import abstract_like, put_replicated
 from vjx.worker.input_batch import InputBatch
 from vjx.worker.step import layer_attention_metadata
 from vjx.worker.step_inputs import STEP_INPUTS
-from vjx.worker.step_layout import PLAIN, PackedBuffer, StepLayout
+from vjx.worker.step_layout import PLAIN, PackedBuffer, StepLayout, query_start_loc, ragged_positions
 from vjx.worker.step_outputs import StepRecord
 
 
@@ -75,6 +75,15 @@ def _decode(k: int, block_size: int, max_model_len: int, graphdef, treedef, para
     return kv_caches, drafts.T
 
 
+def computed_ends(batch: InputBatch, record: StepRecord, token_lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of the step: whether its request still holds its slot, and the end of the
+    tokens the target has computed with the request's own values once the step ran (a
+    sampling row's newest token, just drawn, is not computed yet)."""
+    in_batch = batch.slot_versions[record.rows] == record.slot_versions
+    is_sampled = np.fromiter(map(bool, token_lists), bool, len(token_lists))
+    return in_batch, np.where(is_sampled, batch.num_tokens[record.rows] - 1, record.seq_lens)
+
+
 def fill_ragged(
     layouts: dict[int, StepLayout],
     buffers: dict[int, PackedBuffer],
@@ -92,17 +101,13 @@ def fill_ragged(
     layout = next(layout for t, layout in layouts.items() if total <= t)
     buffer = buffers[layout.num_tokens]
     buffer.reset()
-    row_of_token = np.repeat(np.arange(len(rows)), counts)
-    cu = np.cumsum(counts)
-    positions = starts[row_of_token] + np.arange(total) - (cu - counts)[row_of_token]
+    row_of_token, cu, positions = ragged_positions(starts, counts)
     token_rows = rows[row_of_token]
     table = batch.block_table.block_tables[0]
-    query_start_loc = np.full(layout.num_reqs + 1, total, np.int32)
-    query_start_loc[0], query_start_loc[1 : len(rows) + 1] = 0, cu
     values = {
         "input_ids": batch.token_ids_cpu[token_rows, positions + token_offset],
         "positions": positions,
-        "query_start_loc": query_start_loc,
+        "query_start_loc": query_start_loc(cu, layout.num_reqs),
         "seq_lens": starts + counts,
         "num_seqs": np.array([len(rows)], np.int32),
         "logits_indices": cu - 1,
@@ -152,7 +157,7 @@ class DraftModelProposer:
         replicated = self.replicated
         state = (self.param_leaves, self.kv_caches)
         shardings = jax.tree.map(lambda x: x.sharding, state)
-        structs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+        structs = abstract_like(state)
         for t, layout in self.layouts.items():
             fn = jax.jit(
                 functools.partial(_catch_up, layout, len(self.kv_caches), self.graphdef, self.treedef),
@@ -187,11 +192,9 @@ class DraftModelProposer:
     ) -> list[list[int]]:
         """Per row of the step, up to `limits[i]` drafts (rows with a limit of 0 get none)."""
         batch = self.batch
-        in_batch = batch.slot_versions[record.rows] == record.slot_versions
         rows = record.rows.astype(np.int64)
-        # The target has computed its tokens up to the step's end, but a sampling row's
-        # newest token: the decode steps run that one.
-        ends = np.where([bool(t) for t in token_lists], batch.num_tokens[rows] - 1, record.seq_lens)
+        # A sampling row's newest token is the decode steps' first input.
+        in_batch, ends = computed_ends(batch, record, token_lists)
         ends = np.where(in_batch, ends, self.num_computed[rows])
         self._run_catch_up(rows, ends)
         self.num_computed[rows] = np.maximum(self.num_computed[rows], ends)

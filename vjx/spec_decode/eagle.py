@@ -26,8 +26,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vjx.attention.metadata import AttentionMetadata
 from vjx.sharding.constraints import replicate
-from vjx.sharding.placement import put_replicated
-from vjx.spec_decode.draft_model import fill_ragged
+from vjx.sharding.placement import abstract_like, put_replicated
+from vjx.spec_decode.draft_model import computed_ends, fill_ragged
 from vjx.worker.input_batch import InputBatch
 from vjx.worker.step import layer_attention_metadata
 from vjx.worker.step_inputs import STEP_INPUTS, Per, Source, StepInput
@@ -146,7 +146,7 @@ class EagleProposer:
         replicated = self.replicated
         state = (self.head_leaves, self.target_leaves(), self.kv_caches)
         shardings = jax.tree.map(lambda x: x.sharding, state)
-        structs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+        structs = abstract_like(state)
         hidden_size, hidden_dtype = self.hidden_shape
         for t, layout in self.layouts.items():
             static = _Programs(layout, self.k, self.block_size, self.max_model_len, self.head, self.target)
@@ -168,11 +168,10 @@ class EagleProposer:
     ) -> list[list[int]]:
         """Per row of the step, up to `limits[i]` drafts (rows with a limit of 0 get none)."""
         batch = self.batch
-        in_batch = batch.slot_versions[record.rows] == record.slot_versions
         num_tokens = np.bincount(record.token_rows, minlength=len(record.rows))
         starts = record.seq_lens - num_tokens
         # A sampling row: its last token and accepted drafts, each with the token after it.
-        ends = np.where([bool(t) for t in token_lists], batch.num_tokens[record.rows] - 1, record.seq_lens)
+        in_batch, ends = computed_ends(batch, record, token_lists)
         counts = np.where(in_batch, np.maximum(ends - starts, 0), 0)
         drafts = [[] for _ in token_lists]
         keep = np.flatnonzero(counts > 0)

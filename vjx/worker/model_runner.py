@@ -39,7 +39,16 @@ from vjx.worker.pipeline_step import PipelinePlan, compile_pipeline_step, make_p
 from vjx.worker.slot_tables import SlotTables
 from vjx.worker.step import compile_step
 from vjx.worker.step_inputs import STEP_INPUTS, has_logit_bias, min_tokens_stop_ids
-from vjx.worker.step_layout import GENERAL, PLAIN, PackedBuffer, StepFeatures, StepLayout, token_buckets
+from vjx.worker.step_layout import (
+    GENERAL,
+    PLAIN,
+    PackedBuffer,
+    StepFeatures,
+    StepLayout,
+    query_start_loc,
+    ragged_positions,
+    token_buckets,
+)
 from vjx.worker.step_outputs import StepRecord, collect_logprobs
 
 logger = logging.getLogger(__name__)
@@ -218,7 +227,9 @@ class ModelRunner:
             return AsyncModelRunnerOutput(lambda: ModelRunnerOutput([], {}, [], failed_req_ids=failed))
         rows, num_tokens = self._order_rows(scheduled)
         layout = self._layout_for(int(num_tokens.sum()))
-        drafts = self._write_drafts(rows, scheduler_output.scheduled_spec_decode_tokens)
+        drafts = (
+            self._write_drafts(rows, scheduler_output.scheduled_spec_decode_tokens) if self.num_spec_tokens else None
+        )
         buffer, record = self._prepare_inputs(layout, rows, num_tokens, drafts)
         grammar_bans = self._grammar_bans(layout, scheduler_output, record)
         features = self._features(buffer.fields, rows, record)
@@ -260,11 +271,7 @@ class ModelRunner:
         spec = so.scheduled_spec_decode_tokens
         counts = [1 + len(spec.get(req_id, ())) for req_id in so.num_scheduled_tokens]
         first_row = dict(zip(so.num_scheduled_tokens, np.cumsum(counts) - counts))
-        rows = [
-            first_row[req_id] + j
-            for req_id, drafts in zip(record.req_ids, record.drafts)
-            for j in range(1 + len(drafts))
-        ]
+        rows = [first_row[req_id] + j for req_id in record.req_ids for j in range(1 + len(spec.get(req_id, ())))]
         bans = np.zeros((layout.num_samples, layout.num_bitmask_words), np.int32)
         bans[: len(rows)] = ~so.grammar_bitmask[rows]
         return put_replicated(bans, self.replicated)
@@ -386,36 +393,36 @@ class ModelRunner:
         """Each row's drafts (speculative decoding), written after its tokens, where the step
         reads its input ids; the row's token count stays (they are not its tokens yet)."""
         batch = self.input_batch
-        drafts = [spec_tokens.get(batch.req_ids[row], []) if spec_tokens else [] for row in rows.tolist()]
+        drafts = [spec_tokens.get(batch.req_ids[row], []) for row in rows.tolist()]
         for row, row_drafts in zip(rows.tolist(), drafts):
             if row_drafts:
                 batch.token_ids_cpu[row, batch.num_tokens[row] : batch.num_tokens[row] + len(row_drafts)] = row_drafts
         return drafts
 
     def _prepare_inputs(
-        self, layout: StepLayout, rows: np.ndarray, num_tokens: np.ndarray, drafts: list[list[int]]
+        self, layout: StepLayout, rows: np.ndarray, num_tokens: np.ndarray, drafts: list[list[int]] | None
     ) -> tuple[PackedBuffer, StepRecord]:
-        """The filled step buffer, and what `_collect` needs to know of the step."""
+        """The filled step buffer, and what `_collect` needs to know of the step; `drafts`:
+        each row's (None without speculative decoding)."""
         batch = self.input_batch
         self._num_steps += 1
         buffer = self._packed[layout.num_tokens][self._num_steps % self._num_buffers]
         buffer.reset()
-        num_rows, total = len(rows), int(num_tokens.sum())
-        start = batch.num_computed_tokens[rows]
-        cu = np.cumsum(num_tokens)
-        row_of_token = np.repeat(np.arange(num_rows), num_tokens)
-        positions = start[row_of_token] + np.arange(total) - (cu - num_tokens)[row_of_token]
+        num_rows, start = len(rows), batch.num_computed_tokens[rows]
+        row_of_token, cu, positions = ragged_positions(start, num_tokens)
+        seq_lens = start + num_tokens
         token_rows = rows[row_of_token]
-        num_drafts = np.fromiter(map(len, drafts), np.int32, num_rows)
         # A token not on the host yet was sampled by the last dispatched step, for the
-        # request that holds the same slot now (a request changes slots only off the batch).
-        is_pending = positions >= batch.num_tokens[token_rows] + num_drafts[row_of_token]
+        # request that holds the same slot now (a request changes slots only off the batch);
+        # drafts come after a row's tokens and are on the host.
+        known = batch.num_tokens[token_rows]
+        if drafts is not None:
+            num_drafts = np.fromiter(map(len, drafts), np.int32, num_rows)
+            known = known + num_drafts[row_of_token]
+        is_pending = positions >= known
         prev_sampled_index = np.where(is_pending, self._sample_index_by_slot[token_rows], -1)
         num_pending = np.bincount(row_of_token[is_pending], minlength=num_rows)
         has_target, targets = self._prompt_logprobs_targets(token_rows, positions)
-        query_start_loc = np.full(layout.num_reqs + 1, total, np.int32)
-        query_start_loc[0] = 0
-        query_start_loc[1 : num_rows + 1] = cu
         values = {
             "input_ids": batch.token_ids_cpu[token_rows, positions],
             "prev_sampled_index": prev_sampled_index,
@@ -423,14 +430,14 @@ class ModelRunner:
             "slot_mapping": self._slot_mapping(token_rows, positions),
             "token_slots": token_rows,
             "prompt_logprobs_targets": targets,
-            "query_start_loc": query_start_loc,
-            "seq_lens": start + num_tokens,
+            "query_start_loc": query_start_loc(cu, layout.num_reqs),
+            "seq_lens": seq_lens,
             "num_seqs": np.array([num_rows], np.int32),
             **self._prepare_sampling(rows, cu - 1, num_pending),
         }
         sample_starts = None
-        if self.num_spec_tokens:
-            sample_starts, positions_values = sample_positions(num_drafts, cu, start + num_tokens)
+        if drafts is not None:
+            sample_starts, positions_values = sample_positions(num_drafts, cu, seq_lens)
             values.update(positions_values)
         layout.table.fill(buffer.fields, batch.columns, rows, values)
         for group, table in enumerate(batch.block_table.block_tables):
@@ -439,12 +446,12 @@ class ModelRunner:
             req_ids=[batch.req_ids[row] for row in rows.tolist()],
             rows=rows,
             slot_versions=batch.slot_versions[rows],
-            is_sampling=start + num_tokens >= batch.num_tokens[rows] + num_pending,
+            is_sampling=seq_lens >= batch.num_tokens[rows] + num_pending,
             num_logprobs=batch.num_logprobs[rows],
             may_send_prompt_logprobs=batch.num_prompt_logprobs[rows] >= 0,
             token_rows=row_of_token,
             has_prompt_target=has_target,
-            seq_lens=start + num_tokens,
+            seq_lens=seq_lens,
             drafts=drafts,
             sample_starts=sample_starts,
         )

@@ -13,7 +13,6 @@ of the other stages' params; they are never read, and XLA drops them from the pr
 """
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +20,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vjx.sharding.pipeline import param_stages
+from vjx.sharding.placement import abstract_like
 from vjx.worker.step import layer_attention_metadata, sample_step, step_input_ids
 from vjx.worker.step_layout import StepLayout
 
@@ -113,7 +113,7 @@ def compile_pipeline_step(
     """AOT-compiles each stage's program for one layout, each under its own mesh. Params and
     KV caches keep their shardings (the caches go out as they came in, donated); the rest is
     replicated over the stage's mesh."""
-    structs = functools.partial(jax.tree.map, lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding))
+    structs = abstract_like
     model_leaves = structs(param_leaves[: treedef.num_leaves])
     carry = jax.ShapeDtypeStruct((layout.max_num_samples,), jnp.int32, sharding=plan.replicated(0))
     programs = []

@@ -27,6 +27,7 @@ from vjx.sampling.logprobs import compute_logprobs
 from vjx.sampling.metadata import SamplingMetadata
 from vjx.sampling.sampler import sample
 from vjx.sharding.constraints import replicate
+from vjx.sharding.placement import abstract_like
 from vjx.spec_decode.sample_positions import sample_positions_metadata
 from vjx.worker.step_layout import StepLayout
 
@@ -211,7 +212,7 @@ def compile_step(
         + ((replicated,) if layout.returns_hidden_states else ()),
         donate_argnums=(1, 2),
     )
-    structs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+    structs = abstract_like(state)
     prev_sampled = jax.ShapeDtypeStruct((layout.max_num_samples,), jnp.int32, sharding=replicated)
     packed = jax.ShapeDtypeStruct((layout.size,), jnp.int32, sharding=replicated)
     grammar_bans = jax.ShapeDtypeStruct((layout.num_samples, layout.num_bitmask_words), jnp.int32, sharding=replicated)

@@ -170,3 +170,21 @@ class PackedBuffer:
         table[:num_used_rows, :num_used_blocks] = 0
         table[: len(rows), :num_blocks] = block_table[rows, :num_blocks]
         self._table_extents[group] = (len(rows), num_blocks)
+
+
+def ragged_positions(starts: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows of `counts[i]` tokens from position `starts[i]`, packed back to back: each
+    token's row, the rows' cumulative ends, and each token's position."""
+    row_of_token = np.repeat(np.arange(len(counts)), counts)
+    cu = np.cumsum(counts)
+    positions = starts[row_of_token] + np.arange(len(row_of_token)) - (cu - counts)[row_of_token]
+    return row_of_token, cu, positions
+
+
+def query_start_loc(cu: np.ndarray, num_reqs: int) -> np.ndarray:
+    """The `query_start_loc` field of rows ending at `cu`, padded to `num_reqs` rows (the
+    padding rows empty, at the end)."""
+    out = np.full(num_reqs + 1, cu[-1], np.int32)
+    out[0] = 0
+    out[1 : len(cu) + 1] = cu
+    return out

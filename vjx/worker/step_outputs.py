@@ -33,8 +33,8 @@ class StepRecord:
     """Per real token: the step computes the logprob of the prompt token after it."""
     seq_lens: np.ndarray | None = None
     """Per row: its tokens computed once the step has run (drafts included)."""
-    drafts: list[list[int]] = dataclasses.field(default_factory=list)
-    """Per row, the draft tokens the step verifies (speculative decoding)."""
+    drafts: list[list[int]] | None = None
+    """Per row, the draft tokens the step verifies (speculative decoding; else None)."""
     sample_starts: np.ndarray | None = None
     """Per row, its first sampling position (speculative decoding); None: row i samples at i."""
 

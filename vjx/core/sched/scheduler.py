@@ -114,7 +114,6 @@ class Scheduler:
         self.max_num_scheduled_tokens = scheduler_config.max_num_batched_tokens
         self.max_model_len = max_model_len
         self.long_prefill_token_threshold = scheduler_config.long_prefill_token_threshold
-        self.num_lookahead_tokens = scheduler_config.num_lookahead_tokens
         self.waiting = create_request_queue(scheduler_config.scheduling_policy)
         self.policy = SchedulingPolicy(scheduler_config.scheduling_policy)
         self.kv_cache_config = kv_cache_config
@@ -125,6 +124,7 @@ class Scheduler:
             kv_cache_groups=kv_cache_config.kv_cache_groups,
             enable_caching=cache_config.enable_prefix_caching,
             hash_algo=cache_config.prefix_caching_hash_algo,
+            num_lookahead_tokens=scheduler_config.num_lookahead_tokens,
         )
         self.requests: dict[str, Request] = {}
         self.running: list[Request] = []
@@ -195,7 +195,7 @@ class Scheduler:
                 continue
             if num_new_tokens > plan.token_budget:
                 num_new_tokens = plan.token_budget
-            new_blocks = manager.allocate_slots(request, num_new_tokens + self.num_lookahead_tokens)
+            new_blocks = manager.allocate_slots(request, num_new_tokens)
             if new_blocks is None:
                 req_index, new_blocks = self._preempt_until_allocated(request, num_new_tokens, req_index, plan)
                 if new_blocks is None:
@@ -220,7 +220,7 @@ class Scheduler:
                 return req_index, None
             if victim_index < req_index:
                 req_index -= 1
-            new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens + self.num_lookahead_tokens)
+            new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
         return req_index, new_blocks
 
     def _preemption_victim_index(self) -> int:
@@ -270,9 +270,7 @@ class Scheduler:
                 if not self.scheduler_config.enable_chunked_prefill:
                     break
                 num_new_tokens = plan.token_budget
-            new_blocks = manager.allocate_slots(
-                request, num_new_tokens + self.num_lookahead_tokens, num_computed_tokens, computed_blocks
-            )
+            new_blocks = manager.allocate_slots(request, num_new_tokens, num_computed_tokens, computed_blocks)
             if new_blocks is None:
                 break
             self.waiting.pop_request()
