@@ -105,8 +105,8 @@ def test_unsupported_fields_raise_naming_the_field(name):
         ({"quantization": "bitsandbytes"}, "quantization='bitsandbytes' is not supported by vjx"),
         ({"enable_lora": True}, "enable_lora=True is not supported by vjx"),
         (
-            {"speculative_config": {"method": "eagle3", "model": "x", "num_speculative_tokens": 2}},
-            "speculative_config method='eagle3' is not built yet",
+            {"speculative_config": {"method": "mtp", "model": "x", "num_speculative_tokens": 2}},
+            "speculative_config method='mtp' is not built yet",
         ),
         ({"kv_transfer_config": {"kv_connector": "x"}}, "kv_transfer_config={'kv_connector': 'x'} is not supported"),
         (

@@ -1,14 +1,17 @@
-"""Speculative decoding with an EAGLE-1 head in the published checkpoint layout (random
-weights): the outputs are the ones without speculation, and the head's first proposal is the
-one a plain PyTorch forward of the head gives (the token after each position paired with the
-target's hidden state there, the head's own state for the drafts after the first)."""
+"""Speculative decoding with EAGLE-1 and EAGLE-3 heads in the published checkpoint layouts
+(random weights): the outputs are the ones without speculation, and the head's first proposal
+is the one a plain PyTorch forward of the head gives (the token after each position paired
+with the target's hidden state there, the head's own state for the drafts after the first;
+for EAGLE-3 the target's states entering three of its layers, its own LM head over a draft
+vocabulary mapped to target ids)."""
 
 import pytest
 import torch
 import transformers
 from safetensors.torch import load_file
 
-from tests.helpers.eagle_head import save_eagle_head
+from tests.helpers.eagle3_reference import eagle3_reference_proposal
+from tests.helpers.eagle_head import save_eagle3_head, save_eagle_head
 from tests.helpers.tiny_default_model import save_tiny_default_model
 from vjx import LLM, SamplingParams
 
@@ -24,9 +27,17 @@ _SEEDED = SamplingParams(max_tokens=32, temperature=0.9, top_k=40, seed=3)
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory) -> tuple[str, str]:
-    target = save_tiny_default_model(tmp_path_factory.mktemp("target"))
-    return target, save_eagle_head(tmp_path_factory.mktemp("eagle"), target)
+def target(tmp_path_factory) -> str:
+    return save_tiny_default_model(tmp_path_factory.mktemp("target"))
+
+
+@pytest.fixture(scope="module")
+def reference(target) -> list[list[int]]:
+    llm = LLM(target, **ENGINE_ARGS)
+    try:
+        return _token_ids(llm)
+    finally:
+        llm.shutdown()
 
 
 def _token_ids(llm: LLM) -> list[list[int]]:
@@ -63,27 +74,32 @@ def _reference_proposal(target: str, head: str, token_ids: list[int]) -> list[in
     return drafts
 
 
-def test_outputs_are_the_ones_without_speculation(models):
-    target, head = models
-    llm = LLM(target, **ENGINE_ARGS)
+def _run_with_head(target: str, method: str, head: str) -> tuple[list[list[int]], list[int], list[int]]:
+    """The outputs with the head drafting, then a new request's first proposal and its tokens
+    then (after the step that computes its prompt)."""
+    speculative_config = {"method": method, "model": head, "num_speculative_tokens": _K}
+    llm = LLM(target, speculative_config=speculative_config, **ENGINE_ARGS)
     try:
-        reference = _token_ids(llm)
-    finally:
-        llm.shutdown()
-    llm = LLM(
-        target, speculative_config={"method": "eagle", "model": head, "num_speculative_tokens": _K}, **ENGINE_ARGS
-    )
-    try:
-        assert _token_ids(llm) == reference
-        stats = llm.llm_engine.engine_core.engine_core.scheduler.spec_decoding_stats
-        assert stats.num_drafts > 0
-        # The first proposal of a new request, after the step that computes its prompt.
+        token_ids = _token_ids(llm)
+        assert llm.llm_engine.engine_core.engine_core.scheduler.spec_decoding_stats.num_drafts > 0
         engine = llm.llm_engine
         engine.add_request("probe", _PROMPTS[2], SamplingParams(max_tokens=100, temperature=0.0))
         engine.step()
         request = engine.engine_core.engine_core.scheduler.requests["probe"]
-        proposal = list(request.spec_token_ids)
-        token_ids = list(request.all_token_ids)
+        return token_ids, list(request.spec_token_ids), list(request.all_token_ids)
     finally:
         llm.shutdown()
-    assert proposal == _reference_proposal(target, head, token_ids)
+
+
+def test_eagle_outputs_are_the_ones_without_speculation(target, reference, tmp_path):
+    head = save_eagle_head(tmp_path / "eagle", target)
+    token_ids, proposal, probe_tokens = _run_with_head(target, "eagle", head)
+    assert token_ids == reference
+    assert proposal == _reference_proposal(target, head, probe_tokens)
+
+
+def test_eagle3_outputs_are_the_ones_without_speculation(target, reference, tmp_path):
+    head = save_eagle3_head(tmp_path / "eagle3", target)
+    token_ids, proposal, probe_tokens = _run_with_head(target, "eagle3", head)
+    assert token_ids == reference
+    assert proposal == eagle3_reference_proposal(target, head, probe_tokens, _K)

@@ -1,12 +1,17 @@
 """`speculative_config` as vLLM takes it: keys, defaults, the --spec-* shorthands, the JSON
 flag, and a clear ValueError for every method, key or combination not built."""
 
+import json
+
 import pytest
+import transformers
 
 from serving.cli import _parse_args
+from tests.helpers.eagle_head import save_eagle3_head
 from tests.helpers.tiny_default_model import save_tiny_default_model
 from vjx.config import SpeculativeConfig
 from vjx.engine_args import EngineArgs
+from vjx.models.llama_eagle3 import aux_hidden_state_layer_ids
 from vjx.spec_decode.config import create_speculative_config
 
 
@@ -26,6 +31,7 @@ from vjx.spec_decode.config import create_speculative_config
         (None, None),
         ({}, None),
         ({"model": "org/draft", "num_speculative_tokens": 3}, SpeculativeConfig("draft_model", 3)),
+        ({"method": "eagle3", "model": "org/head", "num_speculative_tokens": 3}, SpeculativeConfig("eagle3", 3)),
     ],
 )
 def test_vllm_keys_and_defaults(config, expected):
@@ -35,7 +41,8 @@ def test_vllm_keys_and_defaults(config, expected):
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        ({"method": "eagle3", "model": "x", "num_speculative_tokens": 2}, "method='eagle3' is not built yet"),
+        ({"method": "mtp", "model": "x", "num_speculative_tokens": 2}, "method='mtp' is not built yet"),
+        ({"method": "eagle3", "num_speculative_tokens": 2}, "method='eagle3' needs model"),
         ({"method": "draft_model", "num_speculative_tokens": 2}, "method='draft_model' needs model"),
         ({"method": "bogus", "num_speculative_tokens": 2}, "method must be one of"),
         ({"method": "ngram"}, r"num_speculative_tokens must be an integer in \[1, 16\], got None"),
@@ -91,3 +98,29 @@ def test_an_eagle_head_must_have_the_targets_width(tmp_path):
     config = {"method": "eagle", "model": head, "num_speculative_tokens": 2}
     with pytest.raises(ValueError, match="EAGLE head has hidden_size 32; the target's is 64"):
         EngineArgs(target, speculative_config=config).create_engine_config()
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"eagle_aux_hidden_state_layer_ids": [0, 1, 3]}, r"reads target layers \[0, 1, 3\].*in \[0, 2\]"),
+        ({"eagle_aux_hidden_state_layer_ids": [0, 1, 1]}, "needs 3 distinct ids"),
+        ({"eagle_config": {"norm_before_fc": True}}, "norm_before_fc=true is not supported"),
+        ({"target_hidden_size": 128}, "EAGLE head has target_hidden_size 128; the target's is 64"),
+    ],
+)
+def test_an_eagle3_head_must_fit_its_target(tmp_path, fields, message):
+    target = save_tiny_default_model(tmp_path / "target")
+    head = save_eagle3_head(tmp_path / "head", target)
+    config = json.loads((tmp_path / "head" / "config.json").read_text())
+    (tmp_path / "head" / "config.json").write_text(json.dumps({**config, **fields}))
+    speculative_config = {"method": "eagle3", "model": head, "num_speculative_tokens": 2}
+    with pytest.raises(ValueError, match=message):
+        EngineArgs(target, speculative_config=speculative_config).create_engine_config()
+
+
+def test_eagle3_reads_vllms_default_target_layers_unless_its_config_names_them():
+    config = transformers.LlamaConfig()
+    assert aux_hidden_state_layer_ids(config, 32) == (2, 16, 29)
+    config.eagle_config = {"eagle_aux_hidden_state_layer_ids": [30, 1, 17]}
+    assert aux_hidden_state_layer_ids(config, 32) == (1, 17, 30)

@@ -23,7 +23,7 @@ from vjx.kv_cache_interface import KVCacheSpec
 from vjx.models.layers.decoder import BuildContext, DecoderArgs
 from vjx.models.layers.linear import Linear
 from vjx.models.llama import LlamaForCausalLM
-from vjx.sharding.constraints import constrain
+from vjx.sharding.constraints import constrain, replicate
 
 
 class _NoNorm(nnx.Module):
@@ -65,6 +65,11 @@ class EagleLlamaForCausalLM(nnx.Module):
         builder = LlamaForCausalLM.__new__(LlamaForCausalLM)
         self.layers = nnx.List([builder.make_layer(ctx, i) for i in range(args.num_layers)])
         self.layers[0].input_layernorm = _NoNorm()
+        self.target_hidden_size = args.hidden_size
+
+    def combine_hidden_states(self, target_hidden: Float[Array, "T D"]) -> Float[Array, "T D"]:
+        """The target's final hidden states, as the head reads them (unchanged)."""
+        return target_hidden
 
     def __call__(
         self,
@@ -83,6 +88,10 @@ class EagleLlamaForCausalLM(nnx.Module):
             x = constrain(x, ("tokens", "embed"))
             new_caches.append(kv_cache)
         return x, new_caches
+
+    def draft_tokens(self, target: nnx.Module, hidden: Float[Array, "R D"]) -> Int[Array, " R"]:
+        """The greedy draft after each row's hidden state: the target's LM head reads it."""
+        return jnp.argmax(replicate(target.compute_logits(hidden)), axis=-1).astype(jnp.int32)
 
     def get_kv_cache_spec(self, block_size: int, num_kv_heads: int, dtype: str) -> dict[str, KVCacheSpec]:
         return {

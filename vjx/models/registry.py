@@ -10,6 +10,7 @@ from vjx.models.gpt_oss import GptOssForCausalLM
 from vjx.models.granite import GraniteForCausalLM
 from vjx.models.llama import LlamaForCausalLM
 from vjx.models.llama_eagle import EagleLlamaForCausalLM
+from vjx.models.llama_eagle3 import Eagle3LlamaForCausalLM
 from vjx.models.mixtral import MixtralForCausalLM
 from vjx.models.olmo2 import Olmo2ForCausalLM
 from vjx.models.phi3 import Phi3ForCausalLM
@@ -37,7 +38,10 @@ _MODELS: dict[str, type[nnx.Module]] = {
 }
 
 
-_DRAFT_HEADS: dict[str, type[nnx.Module]] = {"EagleLlamaForCausalLM": EagleLlamaForCausalLM}
+_DRAFT_HEADS: dict[str, type[nnx.Module]] = {
+    "EagleLlamaForCausalLM": EagleLlamaForCausalLM,
+    "Eagle3LlamaForCausalLM": Eagle3LlamaForCausalLM,
+}
 """Speculative decoding's draft heads, which run beside a target and never as one."""
 
 

@@ -12,10 +12,13 @@ from typing import Any
 import transformers
 
 from vjx.config import ModelConfig, SpeculativeConfig
+from vjx.models.llama_eagle3 import verify_eagle3_head
 
-BUILT_METHODS = ("ngram", "draft_model", "eagle")
+BUILT_METHODS = ("ngram", "draft_model", "eagle", "eagle3")
+EAGLE_METHODS = ("eagle", "eagle3")
+"""Methods whose draft is a head on the target's hidden states, not a model of its own."""
+_HEAD_ARCHITECTURES = {"eagle": "EagleLlamaForCausalLM", "eagle3": "Eagle3LlamaForCausalLM"}
 NOT_BUILT_METHODS = (
-    "eagle3",
     "mtp",
     "medusa",
     "mlp_speculator",
@@ -106,7 +109,7 @@ def create_speculative_config(config: dict[str, Any] | None) -> SpeculativeConfi
         raise ValueError(
             f"speculative_config num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}], got {k!r}."
         )
-    if method in ("draft_model", "eagle"):
+    if method in ("draft_model", *EAGLE_METHODS):
         if not isinstance(config.get("model"), str) or not config["model"]:
             raise ValueError(f"speculative_config method={method!r} needs model: the draft model's directory or id.")
         return SpeculativeConfig(method, k)
@@ -145,18 +148,23 @@ def with_draft_model(config: SpeculativeConfig, draft_dir: str, target: ModelCon
             f"speculative_config model {draft_dir!r} has a vocabulary of {draft_vocab} tokens; the target's has "
             f"{target_vocab}: a draft model must share the target's tokenizer."
         )
-    if config.method == "eagle":
+    if config.method in EAGLE_METHODS:
         _verify_eagle_head(hf_config, target)
-        # The head's checkpoint names a Llama; the method says it is an EAGLE head.
-        hf_config.architectures = ["EagleLlamaForCausalLM"]
+        if config.method == "eagle3":
+            verify_eagle3_head(hf_config, target.hf_text_config.num_hidden_layers)
+        # The head's checkpoint names a Llama (or its own class); the method says which head it is.
+        hf_config.architectures = [_HEAD_ARCHITECTURES[config.method]]
     draft = dataclasses.replace(target, model=draft_dir, hf_config=hf_config, quantization=None)
     return dataclasses.replace(config, draft_model_config=draft)
 
 
 def _verify_eagle_head(hf_config, target: ModelConfig) -> None:
-    """An EAGLE-1 head reads the target's embeddings and hidden states: their width must be its."""
-    if hf_config.hidden_size != target.hf_text_config.hidden_size:
-        raise ValueError(
-            f"speculative_config EAGLE head has hidden_size {hf_config.hidden_size}; the target's is "
-            f"{target.hf_text_config.hidden_size}: the head must be trained for this target."
-        )
+    """An EAGLE head reads the target's embeddings and hidden states: their width must be its."""
+    width = target.hf_text_config.hidden_size
+    for key in ("hidden_size", "target_hidden_size"):
+        value = getattr(hf_config, key, None)
+        if value is not None and value != width:
+            raise ValueError(
+                f"speculative_config EAGLE head has {key} {value}; the target's is {width}: the head must be "
+                "trained for this target."
+            )

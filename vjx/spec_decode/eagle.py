@@ -25,7 +25,6 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vjx.attention.metadata import AttentionMetadata
-from vjx.sharding.constraints import replicate
 from vjx.sharding.placement import abstract_like, put_replicated
 from vjx.spec_decode.draft_model import computed_ends, fill_ragged
 from vjx.worker.input_batch import InputBatch
@@ -57,10 +56,6 @@ class _Programs:
     target: tuple
 
 
-def _next_tokens(target, hidden):
-    return jnp.argmax(replicate(target.compute_logits(hidden)), axis=-1).astype(jnp.int32)
-
-
 def _propose(static: _Programs, head_leaves, target_leaves, kv_caches, target_hidden, packed):
     """Catch-up, then k - 1 one-token steps; returns the caches and the drafts [R, k]."""
     layout, num_layers = static.layout, len(kv_caches)
@@ -69,9 +64,10 @@ def _propose(static: _Programs, head_leaves, target_leaves, kv_caches, target_hi
     target = nnx.merge(static.target[0], jax.tree.unflatten(static.target[1], target_leaves))
     metadata = layer_attention_metadata(layout, (0,) * num_layers, f)
     embeds = target.model.embed(f["input_ids"])
-    hidden, kv_caches = head(embeds, target_hidden[f["target_hidden_index"]], f["positions"], kv_caches, metadata)
+    hidden = head.combine_hidden_states(target_hidden[f["target_hidden_index"]])
+    hidden, kv_caches = head(embeds, hidden, f["positions"], kv_caches, metadata)
     hidden = hidden[f["logits_indices"]]
-    tokens = _next_tokens(target, hidden)
+    tokens = head.draft_tokens(target, hidden)
     rows = jnp.arange(layout.num_reqs)
     is_row = rows < f["num_seqs"][0]
     block_tables = f["block_tables"][0]
@@ -90,7 +86,7 @@ def _propose(static: _Programs, head_leaves, target_leaves, kv_caches, target_hi
         )
         step_positions = jnp.where(is_row, position, 0)
         hidden, kv_caches = head(target.model.embed(tokens), hidden, step_positions, kv_caches, [md] * num_layers)
-        tokens = _next_tokens(target, hidden)
+        tokens = head.draft_tokens(target, hidden)
         return (tokens, hidden, kv_caches), tokens
 
     (_, _, kv_caches), drafts = jax.lax.scan(one_step, (tokens, hidden, kv_caches), jnp.arange(static.k - 1))
@@ -115,7 +111,7 @@ class EagleProposer:
         """`target`: the target's (graphdef, treedef, a getter of its param leaves, which waking
         from sleep replaces), for its embedding and LM head; `hidden_dtype`: its hidden
         states' (the model dtype)."""
-        self.hidden_shape = (head.fc.out_shape[0], jnp.dtype(hidden_dtype))
+        self.hidden_shape = (head.target_hidden_size, jnp.dtype(hidden_dtype))
         head_graphdef, state = nnx.split(head)
         self.head_leaves, head_treedef = jax.tree.flatten(state)
         self.head = (head_graphdef, head_treedef)
@@ -131,7 +127,14 @@ class EagleProposer:
         self.max_model_len = input_batch.token_ids_cpu.shape[1]
         table = STEP_INPUTS.with_inputs(*EAGLE_INPUTS)
         self.layouts = {
-            t: dataclasses.replace(layout, num_spec_tokens=0, table=table, features=PLAIN, returns_hidden_states=False)
+            t: dataclasses.replace(
+                layout,
+                num_spec_tokens=0,
+                table=table,
+                features=PLAIN,
+                returns_hidden_states=False,
+                aux_hidden_state_layers=(),
+            )
             for t, layout in layouts.items()
         }
         self.target_num_tokens = {t: layout.num_tokens for t, layout in layouts.items()}

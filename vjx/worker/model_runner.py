@@ -25,10 +25,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from vjx.config import VjxConfig
 from vjx.core.sched.output import CachedRequestData, SchedulerOutput
 from vjx.kv_cache_interface import KVCacheConfig
+from vjx.models.llama_eagle3 import aux_hidden_state_layer_ids
 from vjx.models.loader import DTYPES
 from vjx.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vjx.sharding.pipeline import stage_layer_ranges
 from vjx.sharding.placement import filled, put_replicated
+from vjx.spec_decode.config import EAGLE_METHODS
 from vjx.spec_decode.draft_model import DraftModelProposer
 from vjx.spec_decode.eagle import EagleProposer
 from vjx.spec_decode.ngram_proposer import NgramProposer
@@ -131,7 +133,7 @@ class ModelRunner:
         if draft is None:
             return None  # a runner built only to size the step's memory
         model, kv_caches = draft
-        if config.speculative_config.method == "eagle":
+        if config.speculative_config.method in EAGLE_METHODS:
             target = (self.graphdef, self.treedef, lambda: self.param_leaves)
             hidden_dtype = DTYPES[config.model_config.dtype]
             return EagleProposer(
@@ -152,7 +154,7 @@ class ModelRunner:
     def _make_layouts(self, config: VjxConfig, max_blocks: int) -> dict[int, StepLayout]:
         """One layout per token bucket; with speculative decoding its inputs join the table."""
         table = STEP_INPUTS.with_inputs(*SPEC_DECODE_INPUTS) if self.num_spec_tokens else STEP_INPUTS
-        is_eagle = self.num_spec_tokens > 0 and config.speculative_config.method == "eagle"
+        is_eagle = self.num_spec_tokens > 0 and config.speculative_config.method in EAGLE_METHODS
         return {
             t: StepLayout(
                 t,
@@ -164,10 +166,20 @@ class ModelRunner:
                 num_bitmask_words=-(-config.model_config.hf_text_config.vocab_size // 32),
                 num_spec_tokens=self.num_spec_tokens,
                 returns_hidden_states=is_eagle,
+                aux_hidden_state_layers=self._aux_hidden_state_layers(config),
                 table=table,
             )
             for t in token_buckets(config.scheduler_config.max_num_batched_tokens)
         }
+
+    @staticmethod
+    def _aux_hidden_state_layers(config: VjxConfig) -> tuple[int, ...]:
+        """The target layers an EAGLE-3 head reads (none for other methods)."""
+        spec = config.speculative_config
+        if spec is None or spec.method != "eagle3":
+            return ()
+        num_layers = config.model_config.hf_text_config.num_hidden_layers
+        return aux_hidden_state_layer_ids(spec.draft_model_config.hf_config, num_layers)
 
     def _plan_pipeline(self, model: nnx.Module, state, stage_meshes: Sequence[Mesh]) -> PipelinePlan | None:
         """With several stages: their plan; the stage copies of leaves join `param_leaves`."""

@@ -135,7 +135,8 @@ def model_step(
     grammar_bans: Int[Array, "R M"],
 ):
     """Forward the step's tokens, write their KV, and sample one token per row (with
-    `layout.returns_hidden_states`, the tokens' final hidden states come out last).
+    `layout.returns_hidden_states`, the tokens' final hidden states come out last, or with
+    `layout.aux_hidden_state_layers` the residual streams entering those layers, concatenated).
 
     Layer i attends with its KV cache group's metadata (`layer_group_ids[i]`). The sampled ids
     are padded to MS = max_num_samples entries, so every variant returns (and takes back as
@@ -145,9 +146,15 @@ def model_step(
     input_ids = step_input_ids(f, prev_sampled)
     model = nnx.merge(graphdef, jax.tree.unflatten(treedef, param_leaves))
     attn_metadata = layer_attention_metadata(layout, layer_group_ids, f)
-    hidden, kv_caches = model(input_ids, f["positions"], kv_caches, attn_metadata)
+    if layout.aux_hidden_state_layers:
+        hidden, kv_caches, returned = model.forward_with_aux_hidden_states(
+            input_ids, f["positions"], kv_caches, attn_metadata, layout.aux_hidden_state_layers
+        )
+    else:
+        hidden, kv_caches = model(input_ids, f["positions"], kv_caches, attn_metadata)
+        returned = hidden
     outputs = (kv_caches, *sample_step(layout, model, f, hidden, input_ids, history, slot_tables, grammar_bans))
-    return (*outputs, hidden) if layout.returns_hidden_states else outputs
+    return (*outputs, returned) if layout.returns_hidden_states else outputs
 
 
 def step_input_ids(f: dict[str, Array], prev_sampled: Int[Array, " MS"]) -> Int[Array, " T"]:

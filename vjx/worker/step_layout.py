@@ -70,6 +70,7 @@ class StepLayout:
     num_bitmask_words: int = 1  # M: int32 words of a row's grammar bitmask, ceil(V / 32)
     num_spec_tokens: int = 0  # k: draft tokens a row may verify (speculative decoding)
     returns_hidden_states: bool = False  # the step also returns its tokens' final hidden states (EAGLE)
+    aux_hidden_state_layers: tuple[int, ...] = ()  # instead, the residual streams entering these layers (EAGLE-3)
     features: StepFeatures = GENERAL
     table: StepInputTable = dataclasses.field(default=STEP_INPUTS, repr=False, compare=False)
 

@@ -34,6 +34,7 @@ from vjx.sharding.mesh import make_stage_meshes
 from vjx.sharding.pipeline import stage_layer_ranges
 from vjx.sharding.placement import filled, num_cache_kv_heads
 from vjx.sharding.rules import logical_sharding
+from vjx.spec_decode.config import EAGLE_METHODS
 from vjx.worker.executable_cache import ExecutableCache
 from vjx.worker.model_runner import ModelRunner
 
@@ -105,7 +106,7 @@ class Worker:
         spec = self.config.speculative_config
         if spec is None or spec.draft_model_config is None:
             return None, {}
-        is_head = spec.method == "eagle"
+        is_head = spec.method in EAGLE_METHODS
         model = get_model(spec.draft_model_config, ShardedBackend(self.backend), mesh=self.mesh, is_draft_head=is_head)
         specs = self.get_kv_cache_spec(model, spec.draft_model_config)
         group_spec = self.kv_cache_groups[0].kv_cache_spec

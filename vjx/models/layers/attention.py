@@ -98,11 +98,12 @@ class Attention(nnx.Module, HFParamLayer):
 
     def __call__(
         self,
-        x: Float[Array, "T D"],
+        x: Float[Array, "T E"],
         positions: Int[Array, " T"],
         kv_cache: Array,
         md: AttentionMetadata,
     ) -> tuple[Float[Array, "T D"], Array]:
+        """`x` is the layer's normed input (E = D, but for an EAGLE-3 head's [2D] first layer)."""
         q_TNH, k_TKH, v_TKH = self.qkv_proj(x)
         q_TNH, k_TKH = self.normalize_qk(q_TNH, k_TKH)
         q_TNH = self.rotary(q_TNH, positions)

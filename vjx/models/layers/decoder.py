@@ -218,6 +218,28 @@ class DecoderForCausalLM(nnx.Module):
         KV cache group's)."""
         return self.model(input_ids, positions, kv_caches, attn_metadata)
 
+    def forward_with_aux_hidden_states(
+        self,
+        input_ids: Int[Array, " T"],
+        positions: Int[Array, " T"],
+        kv_caches: list[Array],
+        attn_metadata: list[AttentionMetadata],
+        aux_layers: tuple[int, ...],
+    ) -> tuple[Float[Array, "T D"], list[Array], Float[Array, "T E"]]:
+        """`__call__`, plus the residual stream entering each of `aux_layers` (ascending; the
+        number of layers means the last layer's output), concatenated [T, len(aux_layers) * D]:
+        what an EAGLE-3 head reads."""
+        decoder, x = self.model, self.model.embed(input_ids)
+        new_caches, aux, start = [], [], 0
+        for end in (*aux_layers, len(decoder.layers)):
+            x, caches = decoder.run_layers(
+                x, positions, kv_caches[start:end], attn_metadata[start:end], range(start, end)
+            )
+            new_caches += caches
+            aux.append(x)
+            start = end
+        return decoder.norm(x), new_caches, jnp.concatenate(aux[:-1], axis=-1)
+
     def get_kv_cache_spec(self, block_size: int, num_kv_heads: int, dtype: str) -> dict[str, KVCacheSpec]:
         """Each attention layer's KV cache spec, by layer name, in layer order."""
         return {
