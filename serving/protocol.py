@@ -247,6 +247,31 @@ class UsageInfo(ResponseModel):
         )
 
 
+class SpeculativeDecodingMetrics(ResponseModel):
+    """vLLM's per-request speculative decoding figures (`RequestSpecDecodeMetrics.to_dict`);
+    experimental in vLLM, so their shape may change with it."""
+
+    mean_acceptance_length: float
+    """Tokens kept per verify step, the bonus token included."""
+    draft_acceptance_rate: float
+    acceptance_histogram: list[int]
+    """Entry j: the verify steps that accepted exactly j drafts (num_spec_tokens + 1 entries)."""
+    num_spec_steps: int
+    num_accepted_draft_tokens: int
+    num_draft_tokens: int
+    num_spec_tokens: int
+    per_step_accepted: list[int] | None = None
+    """Each verify step's accepted drafts, in order (--per-request-spec-decode-metrics detailed)."""
+    per_step_drafted: list[int] | None = None
+
+
+class PerRequestMetrics(ResponseModel):
+    """A response's `metrics` (vLLM's; vjx has its speculative decoding part), for a request of
+    one sequence: one prompt and n = 1."""
+
+    speculative_decoding: SpeculativeDecodingMetrics | None = None
+
+
 class PromptLogprob(ResponseModel):
     """vLLM's `Logprob` in a response's `prompt_logprobs`."""
 
@@ -286,6 +311,8 @@ class CompletionResponse(ResponseModel):
     model: str
     choices: list[CompletionResponseChoice]
     usage: UsageInfo | None = None
+    metrics: PerRequestMetrics | None = None
+    """With --per-request-spec-decode-metrics; a stream's usage chunk carries it."""
 
 
 class ChatTopLogprob(ResponseModel):
@@ -352,6 +379,8 @@ class ChatCompletionResponse(ResponseModel):
     usage: UsageInfo
     prompt_logprobs: PromptLogprobs | None = None
     prompt_token_ids: list[int] | None = None
+    metrics: PerRequestMetrics | None = None
+    """With --per-request-spec-decode-metrics."""
 
 
 class DeltaFunctionCall(ResponseModel):
@@ -408,6 +437,8 @@ class ChatCompletionStreamResponse(ResponseModel):
     choices: list[ChatCompletionStreamChoice]
     usage: UsageInfo | None = None
     prompt_token_ids: list[int] | None = None
+    metrics: PerRequestMetrics | None = None
+    """With --per-request-spec-decode-metrics, on the usage chunk."""
 
 
 class ModelCard(ResponseModel):

@@ -31,7 +31,7 @@ from serving.protocol import (
     UsageInfo,
     random_id,
 )
-from serving.serving_engine import OpenAIServing, merge_streams
+from serving.serving_engine import OpenAIServing, merge_streams, per_request_metrics
 from serving.sse import DONE_EVENT, EventStreamResponse, error_event, sse_event
 from vjx.outputs import CompletionOutput
 from vjx.sampling_params import SamplingParams
@@ -121,6 +121,7 @@ class OpenAIServingChat(OpenAIServing):
             usage=self.usage(len(prompt), num_generated, [final]),
             prompt_logprobs=to_prompt_logprobs(final.prompt_logprobs),
             prompt_token_ids=list(final.prompt_token_ids) if request.return_token_ids else None,
+            metrics=per_request_metrics([final], request.n),
         )
 
     def _choice(
@@ -223,14 +224,16 @@ class OpenAIServingChat(OpenAIServing):
                         chunk.usage = UsageInfo.of(len(prompt), num_generated[completion.index])
                     yield _event(chunk)
             if request.include_usage:
+                finals = [final] if final else []
                 chunk = ChatCompletionStreamResponse(
                     id=request_id,
                     created=created,
                     model=self.models.model_name,
                     choices=[],
-                    usage=self.usage(len(prompt), sum(num_generated), [final] if final else []),
+                    usage=self.usage(len(prompt), sum(num_generated), finals),
+                    metrics=per_request_metrics(finals, request.n),
                 )
-                yield sse_event(chunk.model_dump_json())
+                yield _event(chunk)
         except Exception as e:  # noqa: BLE001 - reported to the client as an error event
             yield error_event(e, request_id)
         yield DONE_EVENT
@@ -247,5 +250,6 @@ def _stream_delta(completion: CompletionOutput, parser: Parser | None) -> DeltaM
 
 
 def _event(chunk: ChatCompletionStreamResponse) -> str:
-    """A chunk's event; the usage only when the chunk carries it."""
-    return sse_event(chunk.model_dump_json(exclude=None if chunk.usage is not None else {"usage"}))
+    """A chunk's event; the usage and the metrics only when the chunk carries them."""
+    absent = {name for name in ("usage", "metrics") if getattr(chunk, name) is None}
+    return sse_event(chunk.model_dump_json(exclude=absent or None))

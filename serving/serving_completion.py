@@ -19,7 +19,7 @@ from serving.protocol import (
     UsageInfo,
     random_id,
 )
-from serving.serving_engine import OpenAIServing, merge_streams
+from serving.serving_engine import OpenAIServing, merge_streams, per_request_metrics
 from serving.sse import DONE_EVENT, EventStreamResponse, error_event, sse_event
 from vjx.outputs import CompletionOutput, RequestOutput
 
@@ -131,6 +131,7 @@ class OpenAIServingCompletion(OpenAIServing):
             model=self.models.model_name,
             choices=choices,
             usage=self.usage(sum(len(p) for p in prompts), num_generated, list(finals.values())),
+            metrics=per_request_metrics(list(finals.values()), request.n),
         )
 
     async def _stream(
@@ -138,15 +139,17 @@ class OpenAIServingCompletion(OpenAIServing):
     ) -> AsyncGenerator[str, None]:
         """One event per choice per engine output (its first with the prompt's ids under
         `return_token_ids`, each with the usage so far under `continuous_usage_stats`); then
-        the usage event when asked for."""
+        the usage event (with the per-request metrics) when asked for."""
         created = int(time.time())
         offsets: dict[int, int] = {}
         num_generated: dict[int, int] = {}
         first_outputs: dict[int, RequestOutput] = {}
+        last_outputs: dict[int, RequestOutput] = {}
         try:
             async for prompt_index, output in merge_streams(streams):
                 output = _generated(request, output)
                 first_outputs.setdefault(prompt_index, output)
+                last_outputs[prompt_index] = output
                 for completion in output.outputs:
                     index = prompt_index * request.n + completion.index
                     is_first = index not in offsets
@@ -161,22 +164,32 @@ class OpenAIServingCompletion(OpenAIServing):
                     )
                     if request.include_continuous_usage:
                         chunk.usage = UsageInfo.of(len(prompts[prompt_index]), num_generated[index])
-                        yield sse_event(chunk.model_dump_json(exclude={"choices": {0: {"prompt_logprobs"}}}))
-                    else:
-                        yield sse_event(
-                            chunk.model_dump_json(exclude={"usage": True, "choices": {0: {"prompt_logprobs"}}})
-                        )
+                    yield sse_event(chunk.model_dump_json(exclude=_absent(chunk)))
             if request.include_usage:
                 usage = self.usage(
                     sum(len(p) for p in prompts), sum(num_generated.values()), list(first_outputs.values())
                 )
                 chunk = CompletionResponse(
-                    id=request_id, created=created, model=self.models.model_name, choices=[], usage=usage
+                    id=request_id,
+                    created=created,
+                    model=self.models.model_name,
+                    choices=[],
+                    usage=usage,
+                    metrics=per_request_metrics(list(last_outputs.values()), request.n),
                 )
-                yield sse_event(chunk.model_dump_json())
+                yield sse_event(chunk.model_dump_json(exclude=_absent(chunk)))
         except Exception as e:  # noqa: BLE001 - reported to the client as an error event
             yield error_event(e, request_id)
         yield DONE_EVENT
+
+
+def _absent(chunk: CompletionResponse) -> dict:
+    """What a streamed chunk leaves out: the usage and the metrics when it has none, and a
+    choice's prompt logprobs (a stream never sends them)."""
+    absent: dict = {name: True for name in ("usage", "metrics") if getattr(chunk, name) is None}
+    if chunk.choices:
+        absent["choices"] = {0: {"prompt_logprobs"}}
+    return absent
 
 
 def _is_scoring(request: CompletionRequest) -> bool:

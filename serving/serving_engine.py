@@ -3,7 +3,8 @@
 Model-name checks, the operator's limits (ServerArgs), prompt tokenization (off the event
 loop, through the TokenizerPool) and length checks, the request -> `SamplingParams`
 mapping, and the engine call: refused with a 503 while the engine already holds
-`--max-num-queued-reqs` requests, and turning the engine's `ValueError`s into 400s.
+`--max-num-queued-reqs` requests, and turning the engine's `ValueError`s into 400s; a
+response's per-request `metrics`.
 """
 
 import asyncio
@@ -13,7 +14,7 @@ from serving.beam_search_stream import BeamSearchStream
 from serving.chat_utils import apply_chat_template, conversation_size
 from serving.errors import OpenAIError
 from serving.metrics import ServerMetrics
-from serving.protocol import SamplingRequest, UsageInfo
+from serving.protocol import PerRequestMetrics, SamplingRequest, SpeculativeDecodingMetrics, UsageInfo
 from serving.server_args import ServerArgs
 from serving.serving_models import OpenAIServingModels
 from serving.structured_outputs import structured_outputs_of
@@ -22,6 +23,7 @@ from vjx.beam_search import BeamSearchParams
 from vjx.config import ModelConfig
 from vjx.engine.async_llm import AsyncLLM, RequestOutputStream
 from vjx.engine.exceptions import EngineDeadError
+from vjx.outputs import RequestOutput
 from vjx.sampling_params import RequestOutputKind, SamplingParams
 
 _DEFAULTED_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -337,6 +339,17 @@ def _sampling_defaults(model_config: ModelConfig) -> tuple[dict, int | None]:
     if model_config.generation_config in ("auto", "vllm"):
         return defaults, model_config.override_generation_config.get("max_new_tokens")
     return defaults, defaults.get("max_tokens")
+
+
+def per_request_metrics(outputs: list[RequestOutput], n: int) -> PerRequestMetrics | None:
+    """vLLM's `metrics` of a response: the speculative decoding of its one sequence (one
+    prompt, n = 1: of several, the figures would be one sequence's), None without them."""
+    if len(outputs) != 1 or n != 1 or not outputs[0].outputs:
+        return None
+    metrics = outputs[0].outputs[0].spec_decode_metrics
+    if metrics is None:
+        return None
+    return PerRequestMetrics(speculative_decoding=SpeculativeDecodingMetrics(**metrics.to_dict()))
 
 
 async def merge_streams(streams: list[RequestOutputStream]) -> AsyncGenerator[tuple[int, object], None]:

@@ -110,6 +110,13 @@ class SchedulerConfig:
     num_lookahead_tokens: int = 0
     """Slots allocated past a request's scheduled tokens: a draft model writes its drafts'
     KV there right after the step (speculative decoding)."""
+    num_spec_tokens: int = 0
+    """Copy of `SpeculativeConfig.num_speculative_tokens` (0: no speculative decoding), so
+    the scheduler needs no speculative config."""
+    per_request_spec_decode_metrics: str = "none"
+    """vLLM's observability option, read by the scheduler only: "none", "summary" (each
+    request's acceptance counts and histogram, on its final output) or "detailed" (also the
+    counts of every verify step). "none" without speculative decoding."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,6 +35,7 @@ from vjx.sampling_params import SamplingParams
 from vjx.sharding.mesh import device_groups
 from vjx.sharding.pipeline import stage_layer_ranges
 from vjx.spec_decode.config import create_speculative_config, merge_spec_shorthands, with_draft_model
+from vjx.spec_decode.request_metrics import SPEC_DECODE_METRICS_LEVELS
 from vjx.utils.argparse_utils import flag_kwargs, json_object
 
 logger = logging.getLogger(__name__)
@@ -239,6 +240,13 @@ class EngineArgs(VllmCompatArgs):
     spec_method: str | None = _field(None, "Shorthand for speculative_config's method.")
     spec_model: str | None = _field(None, "Shorthand for speculative_config's model.")
     spec_tokens: int | None = _field(None, "Shorthand for speculative_config's num_speculative_tokens.")
+    per_request_spec_decode_metrics: str = _field(
+        "none",
+        f"One of {list(SPEC_DECODE_METRICS_LEVELS)}: a response to a request of one sequence carries its "
+        "speculative decoding under metrics.speculative_decoding. 'summary': the mean acceptance length "
+        "(bonus token included), the draft acceptance rate and the histogram of drafts accepted per verify "
+        "step; 'detailed': also the accepted and drafted counts of every verify step. Needs speculative_config.",
+    )
     load_format: str = _field("auto", f"How to read weights: one of {_LOAD_FORMATS}.")
     quantization: str | None = _field(
         None,
@@ -275,8 +283,8 @@ class EngineArgs(VllmCompatArgs):
             if getattr(self, name) == default and env in os.environ:
                 setattr(self, name, type(default)(os.environ[env]))
         verify_vllm_args(self)
-        # A speculative_config vjx cannot run is refused before any model loads.
-        self._speculative_config()
+        # A speculative_config vjx cannot run (or metrics without one) is refused before any model loads.
+        _verify_spec_decode_metrics(self.per_request_spec_decode_metrics, self._speculative_config())
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {list(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}.")
         if self.distributed_executor_backend not in (None, *_EXECUTOR_BACKENDS):
@@ -515,6 +523,8 @@ class EngineArgs(VllmCompatArgs):
             scheduling_policy=self.scheduling_policy,
             async_scheduling=self._async_scheduling(speculative_config),
             num_lookahead_tokens=0 if speculative_config is None else speculative_config.num_lookahead_tokens,
+            num_spec_tokens=0 if speculative_config is None else speculative_config.num_speculative_tokens,
+            per_request_spec_decode_metrics=self.per_request_spec_decode_metrics,
         )
 
     def _verify_pipeline(self, hf_text_config, quant_config) -> None:
@@ -579,6 +589,18 @@ class EngineArgs(VllmCompatArgs):
         if self.async_scheduling is None:
             return jax.default_backend() != "cpu"
         return self.async_scheduling
+
+
+def _verify_spec_decode_metrics(level: str, speculative_config: SpeculativeConfig | None) -> None:
+    if level not in SPEC_DECODE_METRICS_LEVELS:
+        raise ValueError(
+            f"per_request_spec_decode_metrics must be one of {list(SPEC_DECODE_METRICS_LEVELS)}, got {level!r}."
+        )
+    if level != "none" and speculative_config is None:
+        raise ValueError(
+            f"per_request_spec_decode_metrics={level!r} needs speculative decoding: set speculative_config "
+            "(--speculative-config), or leave it at 'none'."
+        )
 
 
 def _verify_generation_config(model_config: ModelConfig) -> None:

@@ -3,6 +3,8 @@
 import dataclasses
 from collections.abc import Callable
 
+from vjx.spec_decode.request_metrics import RequestSpecDecodeMetrics
+
 
 @dataclasses.dataclass
 class Logprob:
@@ -48,6 +50,9 @@ class CompletionOutput:
     could not run the request); None while running."""
     stop_reason: int | str | None = None
     """The stop token id or stop string that ended the completion; None for EOS or length."""
+    spec_decode_metrics: RequestSpecDecodeMetrics | None = None
+    """Its speculative decoding, on the final output when per_request_spec_decode_metrics is
+    on; None otherwise, and for a completion a stop string or an abort ended."""
 
     def finished(self) -> bool:
         return self.finish_reason is not None

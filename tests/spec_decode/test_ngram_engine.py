@@ -106,6 +106,11 @@ def test_drafts_are_accepted_and_preemption_happened(speculative):
     assert num_preemptions > 0
 
 
+def test_no_per_request_metrics_by_default(speculative):
+    outputs, _, _ = speculative
+    assert all(c.spec_decode_metrics is None for case in outputs.values() for o in case for c in o.outputs)
+
+
 def test_logprobs_of_accepted_tokens_are_the_ones_without_speculation(reference, speculative):
     outputs, _, _ = speculative
     for spec, ref in zip(outputs["logprobs"], reference["logprobs"]):

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 from vjx.core.kv_cache_utils import BlockHash
 from vjx.engine.messages import EngineCoreEvent, EngineCoreEventType, EngineCoreRequest, FinishReason
 from vjx.sampling_params import SamplingParams
+from vjx.spec_decode.request_metrics import RequestSpecDecodeMetrics
 
 if TYPE_CHECKING:
     from vjx.structured_output.request import StructuredOutputRequest
@@ -89,6 +90,8 @@ class Request:
         """Its grammar, when its sampling params constrain the output (set by the engine core)."""
         self.spec_token_ids: list[int] = []
         """Draft tokens proposed for its next step (speculative decoding), verified there."""
+        self.spec_decode_metrics: RequestSpecDecodeMetrics | None = None
+        """Its verify steps' counts, with per_request_spec_decode_metrics (set by the scheduler)."""
 
     @classmethod
     def from_engine_core_request(cls, request: EngineCoreRequest) -> "Request":

@@ -9,6 +9,7 @@ import time
 
 from vjx.outputs import LogprobsLists
 from vjx.sampling_params import SamplingParams
+from vjx.spec_decode.request_metrics import RequestSpecDecodeMetrics
 
 
 class FinishReason(enum.IntEnum):
@@ -76,6 +77,9 @@ class EngineCoreOutput:
     events: list[EngineCoreEvent] | None = dataclasses.field(default=None, compare=False)
     """The request's events since its previous output, oldest first. Timing, not content:
     left out of `==`, as `EngineCoreOutputs.timestamp`."""
+    spec_decode_metrics: RequestSpecDecodeMetrics | None = None
+    """Its speculative decoding, with per_request_spec_decode_metrics: sent once, with the
+    output that finishes it."""
 
     @property
     def finished(self) -> bool:

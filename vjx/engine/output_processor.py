@@ -18,6 +18,7 @@ from vjx.engine.parallel_sampling import ParentRequest
 from vjx.metrics.stats import IterationStats, RequestStateStats
 from vjx.outputs import CompletionOutput, PromptLogprobs, RequestOutput
 from vjx.sampling_params import RequestOutputKind
+from vjx.spec_decode.request_metrics import RequestSpecDecodeMetrics
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,11 +52,15 @@ class RequestState:
         self._num_sent_tokens = 0
         self.max_tokens_param = request.sampling_params.max_tokens
         self.stats = RequestStateStats(arrival_time=request.arrival_time)
+        self.spec_decode_metrics: RequestSpecDecodeMetrics | None = None
+        """Arrives with EngineCore's finishing output (per_request_spec_decode_metrics)."""
 
     def update(self, output: EngineCoreOutput) -> tuple[FinishReason | None, int | str | None, bool]:
         """Applies one step's output; returns (finish reason, stop reason, whether a stop
         string finished a request EngineCore still runs)."""
         self.num_cached_tokens = output.num_cached_tokens
+        if output.spec_decode_metrics is not None:
+            self.spec_decode_metrics = output.spec_decode_metrics
         finish_reason, stop_reason = output.finish_reason, output.stop_reason
         detokenizer = self.detokenizer
         num_tokens_before = detokenizer.num_output_tokens
@@ -95,6 +100,7 @@ class RequestState:
             logprobs=logprobs,
             finish_reason=str(finish_reason) if finished else None,
             stop_reason=stop_reason if finished else None,
+            spec_decode_metrics=self.spec_decode_metrics if finished else None,
         )
 
     def get_prompt_logprobs(self) -> PromptLogprobs | None:

@@ -39,7 +39,6 @@ _NO_REMOTE_CODE = "vjx runs only its built-in architectures, so no remote code i
 _TEXT_ONLY = "vjx loads text-only language models, so no media is read"
 _MM = "multimodal inputs are not built yet"
 _LORA = "LoRA adapters are not built yet"
-_SPEC = "per-request speculative decoding metrics are not built yet"
 _EP = "vjx runs expert parallelism as enable_expert_parallel (local experts, then an all-reduce); this is not built"
 _DBO = "dual-batch overlap is not built yet"
 _MULTI_NODE = "data-parallel replicas launched from outside (external or hybrid load balancing) are not built yet"
@@ -272,7 +271,7 @@ VLLM_ARGS: tuple[VllmArg, ...] = tuple(
         ("show_hidden_metrics_for_version", None, "str", UNSUPPORTED, _METRICS),
         ("otlp_traces_endpoint", None, "str", UNSUPPORTED, _TRACING),
         ("collect_detailed_traces", None, "strs", UNSUPPORTED, _TRACING),
-        ("per_request_spec_decode_metrics", "none", "str", UNSUPPORTED, _SPEC),
+        ("per_request_spec_decode_metrics", "none", "str", VJX, ""),
         ("kv_cache_metrics", False, "bool", UNSUPPORTED, _METRICS),
         ("kv_cache_metrics_sample", 0.01, "float", UNSUPPORTED, _METRICS),
         ("custom_histogram_buckets", None, "json", UNSUPPORTED, _METRICS),

@@ -15,6 +15,7 @@ from vjx.core.sched.utils import append_until_stop
 from vjx.engine.messages import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs, FinishReason
 from vjx.kv_cache_interface import KVCacheConfig
 from vjx.outputs import ModelRunnerOutput
+from vjx.spec_decode.request_metrics import RequestSpecDecodeMetrics
 
 if TYPE_CHECKING:
     from vjx.structured_output import StructuredOutputManager
@@ -140,6 +141,9 @@ class Scheduler:
         """Tokens scheduled since start."""
         self.spec_decoding_stats = SpecDecodingStats()
         """Drafts verified and tokens accepted since start (speculative decoding)."""
+        self.num_spec_tokens = scheduler_config.num_spec_tokens
+        self.spec_decode_metrics_level = scheduler_config.per_request_spec_decode_metrics
+        """Past "none", every request counts its own verify steps (per_request_spec_decode_metrics)."""
         self._last_stats = self._make_totals()
 
     def add_request(self, request: Request) -> None:
@@ -157,6 +161,8 @@ class Scheduler:
             self._num_constrained_reqs += 1
         self.waiting.add_request(request)
         self.requests[request.request_id] = request
+        if self.spec_decode_metrics_level != "none":
+            request.spec_decode_metrics = RequestSpecDecodeMetrics.new(self.num_spec_tokens)
         request.record_event(EngineCoreEventType.QUEUED)
 
     def schedule(self) -> SchedulerOutput:
@@ -381,9 +387,8 @@ class Scheduler:
                 request.spec_token_ids = model_runner_output.spec_token_ids[req_id_to_index[req_id]]
             if request.structured_output_request is not None and not stopped:
                 stopped = self._advance_grammar(request, new_token_ids)
-            finish_reason = None
+            finish_reason = request.get_finished_reason()
             if stopped:
-                finish_reason = request.get_finished_reason()
                 self._free_request(request)
                 if was_running:
                     stopped_running_ids.add(req_id)
@@ -399,6 +404,7 @@ class Scheduler:
                     logprobs and logprobs.get(req_id),
                     prompt_logprobs and prompt_logprobs.get(req_id),
                     request.take_events(),
+                    request.spec_decode_metrics if stopped else None,
                 )
             )
         if stopped_running_ids:
@@ -419,9 +425,13 @@ class Scheduler:
 
     def _reject_drafts(self, request: Request, drafts: list[int], num_accepted: int) -> None:
         """The step computed all of the request's drafts; those after the first rejected one
-        are not its tokens, so their KV is uncomputed again (their slots get overwritten)."""
+        are not its tokens, so their KV is uncomputed again (their slots get overwritten). The
+        counts go to the stats, and to the request's own metrics when it keeps them."""
         request.num_computed_tokens -= len(drafts) - num_accepted
         self.spec_decoding_stats = self.spec_decoding_stats.observe_draft(len(drafts), num_accepted)
+        if request.spec_decode_metrics is not None:
+            detailed = self.spec_decode_metrics_level == "detailed"
+            request.spec_decode_metrics.observe(len(drafts), num_accepted, detailed)
 
     def _advance_grammar(self, request: Request, new_token_ids: list[int]) -> bool:
         """Advances the request's grammar; a grammar that ended stops the request."""
