@@ -1,7 +1,8 @@
 """Speculative decoding: output tokens/s and acceptance length, with and without drafts.
 
 For each workload, an engine without speculation and one per proposer (the n-gram proposer,
-and with `--draft-model` a draft model; each in turn, the same engine arguments) generate
+and with `--draft-model`, `--eagle-head` or `--eagle3-head` a draft model or an EAGLE head;
+each in turn, the same engine arguments) generate
 `--output-len` tokens for `--num-prompts` requests (greedy, ignore_eos); the table gives
 output tokens/s, the speed-up, and the proposer's mean acceptance length (tokens per verified
 draft, the bonus token included) and draft acceptance rate from the scheduler's counts over
@@ -32,6 +33,8 @@ _PASSAGE = (
     "Practice makes perfect. Where there is a will, there is a way. Knowledge is power."
 )
 WORKLOADS = ("repetitive", "random")
+_MODEL_METHODS = {"draft_model": "draft_model", "eagle": "eagle_head", "eagle3": "eagle3_head"}
+"""Methods that take a model, and the argument naming it."""
 
 
 def _prompts(llm: LLM, workload: str, args: argparse.Namespace) -> list:
@@ -49,8 +52,9 @@ def _prompts(llm: LLM, workload: str, args: argparse.Namespace) -> list:
 def _speculative_config(args: argparse.Namespace, method: str) -> dict | None:
     if method == "none":
         return None
-    if method == "draft_model":
-        return {"method": method, "model": args.draft_model, "num_speculative_tokens": args.num_speculative_tokens}
+    if method in _MODEL_METHODS:
+        model = getattr(args, _MODEL_METHODS[method])
+        return {"method": method, "model": model, "num_speculative_tokens": args.num_speculative_tokens}
     return {
         "method": method,
         "num_speculative_tokens": args.num_speculative_tokens,
@@ -109,6 +113,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--prompt-lookup-min", type=int, default=2)
     parser.add_argument("--prompt-lookup-max", type=int, default=4)
     parser.add_argument("--draft-model", default=None, help="Also run this draft model (method draft_model).")
+    parser.add_argument("--eagle-head", default=None, help="Also run this EAGLE-1 head (method eagle).")
+    parser.add_argument("--eagle3-head", default=None, help="Also run this EAGLE-3 head (method eagle3).")
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--max-num-batched-tokens", type=int, default=256)
     parser.add_argument("--output-json", default=None)
@@ -133,7 +139,7 @@ def _rows(runs: list[dict]) -> list[list[str]]:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     platform_name, device = harness.jax_device()
-    methods = ["none", "ngram"] + (["draft_model"] if args.draft_model else [])
+    methods = ["none", "ngram"] + [method for method, name in _MODEL_METHODS.items() if getattr(args, name)]
     runs = [run(args, workload, method) for workload in args.workloads for method in methods]
     plain = {run["workload"]: run for run in runs if run["method"] == "none"}
     for result in runs:

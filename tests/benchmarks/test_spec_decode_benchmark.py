@@ -3,23 +3,26 @@
 import json
 
 from benchmarks import spec_decode
+from tests.helpers.eagle_head import save_eagle3_head
 from tests.helpers.tiny_default_model import save_tiny_default_model
 
 
 def test_cpu_run_reports_every_method_with_the_same_tokens(tmp_path):
     model = save_tiny_default_model(tmp_path / "tiny")
     path = tmp_path / "spec.json"
-    argv = ["--model", model, "--draft-model", model, "--workloads", "repetitive", "--num-prompts", "2"]
+    head = save_eagle3_head(tmp_path / "eagle3", model)
+    argv = ["--model", model, "--draft-model", model, "--eagle3-head", head]
+    argv += ["--workloads", "repetitive", "--num-prompts", "2"]
     argv += ["--output-len", "24"]
     argv += ["--num-speculative-tokens", "3", "--prompt-lookup-min", "1", "--max-model-len", "256"]
     assert spec_decode.main([*argv, "--max-num-batched-tokens", "128", "--output-json", str(path)]) == 0
     result = json.loads(path.read_text())
     assert result["benchmark"] == "spec_decode"
-    plain, ngram, draft_model = result["runs"]
-    assert [run["method"] for run in result["runs"]] == ["none", "ngram", "draft_model"]
-    assert plain["output_tokens"] == ngram["output_tokens"] == draft_model["output_tokens"] == 48
+    plain, ngram, draft_model, eagle3 = result["runs"]
+    assert [run["method"] for run in result["runs"]] == ["none", "ngram", "draft_model", "eagle3"]
+    assert [run["output_tokens"] for run in result["runs"]] == [48] * 4
     assert plain["num_drafts"] == 0
-    for speculative in (ngram, draft_model):
+    for speculative in (ngram, draft_model, eagle3):
         assert speculative["same_tokens_as_without"] and speculative["num_drafts"] > 0
         assert speculative["mean_acceptance_length"] >= 1.0
     # The target as its own draft: every greedy draft is accepted.

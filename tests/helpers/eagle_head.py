@@ -35,11 +35,12 @@ EAGLE3_AUX_LAYERS = [0, 1, 2]
 EAGLE3_DRAFT_VOCAB = 4096
 
 
-def save_eagle3_head(path: pathlib.Path, target: str, seed: int = 0) -> str:
+def save_eagle3_head(path: pathlib.Path, target: str, seed: int = 0, layer_ids: list[int] = EAGLE3_AUX_LAYERS) -> str:
     """An EAGLE-3 head for the model in `target`, in yuhuili/EAGLE3-LLaMA3.1-Instruct-8B's
     layout: `midlayer.*` (its attention reads [2D]), `midlayer.hidden_norm`, `norm`, `fc`
     [D, 3D], its own `lm_head` over a draft vocabulary of `EAGLE3_DRAFT_VOCAB` target ids
-    (`d2t` offsets, `t2d` membership), a copy of the embedding the engine skips."""
+    (`d2t` offsets, `t2d` membership), a copy of the embedding the engine skips; it reads the
+    target layers `layer_ids`."""
     fields = json.loads((pathlib.Path(target) / "config.json").read_text(encoding="utf-8"))
     config = transformers.LlamaConfig(**{**fields, "num_hidden_layers": 1, "tie_word_embeddings": False})
     torch.manual_seed(seed)
@@ -55,7 +56,7 @@ def save_eagle3_head(path: pathlib.Path, target: str, seed: int = 0) -> str:
         tensors[f"midlayer.self_attn.{name}.weight"] = torch.randn(weight.shape[0], 2 * hidden) * 0.05
     for name in ("midlayer.input_layernorm", "midlayer.hidden_norm", "norm"):
         tensors[f"{name}.weight"] = 1 + 0.1 * torch.randn(hidden)
-    tensors["fc.weight"] = torch.randn(hidden, len(EAGLE3_AUX_LAYERS) * hidden) * 0.05
+    tensors["fc.weight"] = torch.randn(hidden, len(layer_ids) * hidden) * 0.05
     tensors["lm_head.weight"] = torch.randn(EAGLE3_DRAFT_VOCAB, hidden) * 0.05
     target_ids = torch.sort(torch.randperm(vocab)[:EAGLE3_DRAFT_VOCAB]).values
     tensors["d2t"] = target_ids - torch.arange(EAGLE3_DRAFT_VOCAB)
@@ -65,6 +66,6 @@ def save_eagle3_head(path: pathlib.Path, target: str, seed: int = 0) -> str:
     save_file(tensors, str(path / "model.safetensors"))
     config.architectures = ["LlamaForCausalLMEagle3"]
     config.draft_vocab_size = EAGLE3_DRAFT_VOCAB
-    config.eagle_aux_hidden_state_layer_ids = EAGLE3_AUX_LAYERS
+    config.eagle_aux_hidden_state_layer_ids = layer_ids
     config.save_pretrained(path)
     return str(path)
