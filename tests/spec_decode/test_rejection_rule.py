@@ -1,6 +1,7 @@
 """The verification rule against the target distribution, by chi-square over many draws on a
 tiny vocabulary: with the real sampler drawing at each sampling position (its key
-fold_in(key(seed), position)) and the runner keeping drafts up to the first mismatch,
+fold_in(key(seed), position)), the step counting each row's rejected drafts and the runner
+keeping drafts up to the first mismatch,
 
 - the first output token follows the target p0 whatever the draft,
 - the draft is accepted with probability p0(draft), and a rejected draft gives a token from
@@ -12,12 +13,16 @@ a shift of 0.02 in any token's probability with power above 0.99, the acceptance
 shift of 0.015.
 """
 
+import functools
+import types
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from tests.helpers.sampling_metadata import make_metadata
 from vjx.sampling.sampler import sample
-from vjx.spec_decode.sample_positions import accepted_tokens
+from vjx.spec_decode.sample_positions import accepted_tokens, num_rejected_drafts
 from vjx.worker.step_outputs import StepRecord
 
 _NUM_REQUESTS = 20000
@@ -49,7 +54,18 @@ def _verify_one_draft() -> list[list[int]]:
     seeds = np.repeat(np.arange(n), 2)
     positions = np.tile([0, 1], n)
     md = make_metadata(2 * n, len(_P0_LOGITS), seeds=seeds, sample_positions=positions)
-    sampled = np.asarray(jax.jit(sample)(logits, md))
+    sampled = jax.jit(sample)(logits, md)
+    # The step's fields for n rows of two tokens (the last one, then the draft) and two
+    # sampling positions each; the device counts each row's rejected drafts.
+    fields = {
+        "spec_sample_rows": jnp.repeat(jnp.arange(n), 2),
+        "spec_sample_offsets": jnp.tile(jnp.arange(2), n),
+        "spec_logits_indices": jnp.arange(2 * n),
+        "spec_num_tokens": jnp.ones(2 * n, jnp.int32),
+    }
+    input_ids = jnp.tile(jnp.array([0, _DRAFT]), n)
+    layout = types.SimpleNamespace(max_num_reqs=n, num_spec_tokens=1)
+    num_rejected = jax.jit(functools.partial(num_rejected_drafts, layout))(fields, sampled, input_ids)
     record = StepRecord(
         req_ids=[str(i) for i in range(n)],
         rows=np.arange(n),
@@ -62,7 +78,7 @@ def _verify_one_draft() -> list[list[int]]:
         drafts=[[_DRAFT]] * n,
         sample_starts=np.arange(0, 2 * n, 2),
     )
-    return accepted_tokens(record, sampled)
+    return accepted_tokens(record, np.concatenate([sampled, num_rejected]), 2 * n)
 
 
 def test_accepted_tokens_follow_the_target_distribution():

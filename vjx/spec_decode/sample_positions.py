@@ -18,8 +18,10 @@ R rows.
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array
+from jaxtyping import Array, Int
 
 from vjx.sampling.metadata import SamplingMetadata
 from vjx.worker.step_inputs import Per, Source, StepInput
@@ -58,6 +60,20 @@ def sample_positions_metadata(md: SamplingMetadata, fields: dict[str, Array], gr
     return dataclasses.replace(md, **per_position)
 
 
+def num_rejected_drafts(layout, fields: dict[str, Array], sampled: Int[Array, " S"], input_ids: Int[Array, " T"]):
+    """Per row (padded to max_num_reqs), its drafts after the first that differs from the
+    token drawn at its position: the drafts the step computed that are not the request's
+    tokens. A row's draft j is the input token after the one sampling position j reads."""
+    rows, offsets = fields["spec_sample_rows"], fields["spec_sample_offsets"]
+    is_real = fields["spec_num_tokens"] > 0
+    num_rows = layout.max_num_reqs
+    num_drafts = jax.ops.segment_sum(is_real.astype(jnp.int32), rows, num_rows) - 1
+    draft = input_ids[jnp.minimum(fields["spec_logits_indices"] + 1, input_ids.shape[0] - 1)]
+    is_mismatch = is_real & (offsets < num_drafts[rows]) & (sampled != draft)
+    first_mismatch = jax.ops.segment_min(jnp.where(is_mismatch, offsets, layout.num_spec_tokens), rows, num_rows)
+    return jnp.maximum(num_drafts - jnp.minimum(first_mismatch, num_drafts), 0).astype(jnp.int32)
+
+
 def sample_positions(
     num_drafts: np.ndarray, query_end: np.ndarray, seq_lens: np.ndarray
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -75,18 +91,17 @@ def sample_positions(
     }
 
 
-def accepted_tokens(record: StepRecord, sampled: np.ndarray) -> list[list[int]]:
+def accepted_tokens(record: StepRecord, sampled: np.ndarray, max_num_samples: int) -> list[list[int]]:
     """Per row, the tokens it keeps: its drafts up to the first that differs from the token
-    drawn at its position, then the token drawn there (or after the last draft)."""
+    drawn at its position, then the token drawn there (or after the last draft). `sampled`
+    is the step's array: the drawn tokens, then from `max_num_samples` each row's rejected
+    drafts (counted on the device, which knows the drafts)."""
+    num_rejected = sampled[max_num_samples:]
     token_lists = []
     for i, drafts in enumerate(record.drafts):
         if not record.is_sampling[i]:
             token_lists.append([])
             continue
         start = int(record.sample_starts[i])
-        drawn = sampled[start : start + len(drafts) + 1].tolist()
-        num_accepted = 0
-        while num_accepted < len(drafts) and drawn[num_accepted] == drafts[num_accepted]:
-            num_accepted += 1
-        token_lists.append(drawn[: num_accepted + 1])
+        token_lists.append(sampled[start : start + len(drafts) + 1 - int(num_rejected[i])].tolist())
     return token_lists

@@ -113,8 +113,9 @@ class ModelRunner:
         self._num_steps = 0
         self._compiled = {}
         self._seed_rng = np.random.default_rng(config.model_config.seed)
-        max_num_samples = self.max_num_reqs * (self.num_spec_tokens + 1)
-        self._last_sampled = self._no_last_sampled = filled((max_num_samples,), np.int32, 0, self.replicated)
+        any_layout = next(iter(self.layouts.values()))
+        self._max_num_samples = any_layout.max_num_samples
+        self._last_sampled = self._no_last_sampled = filled((any_layout.sampled_size,), np.int32, 0, self.replicated)
         self._sample_index_by_slot = np.full(self.max_num_reqs, -1, np.int32)
         """Per slot, the index in the last dispatched step's output of the token it samples
         for the slot's request (-1: none)."""
@@ -516,7 +517,7 @@ class ModelRunner:
         """
         num_rows = len(record.req_ids)
         if self.num_spec_tokens:
-            sampled_token_ids = accepted_tokens(record, np.asarray(sampled))
+            sampled_token_ids = accepted_tokens(record, np.asarray(sampled), self._max_num_samples)
             self._append_token_lists(record, sampled_token_ids)
         else:
             tokens = np.asarray(sampled)[:num_rows]

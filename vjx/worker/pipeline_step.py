@@ -115,7 +115,7 @@ def compile_pipeline_step(
     replicated over the stage's mesh."""
     structs = abstract_like
     model_leaves = structs(param_leaves[: treedef.num_leaves])
-    carry = jax.ShapeDtypeStruct((layout.max_num_samples,), jnp.int32, sharding=plan.replicated(0))
+    carry = jax.ShapeDtypeStruct((layout.sampled_size,), jnp.int32, sharding=plan.replicated(0))
     programs = []
     for stage in range(plan.num_stages):
         replicated = plan.replicated(stage)

@@ -10,8 +10,9 @@ predecessor's tokens reach the host, and the tokens it needs are read from there
 step input table's (step_inputs.py).
 
 Legend: R rows, T tokens, D hidden, V vocab, K1 = max_logprobs + 1, N history rows (one per
-slot; a padding token's slot N writes nowhere), L max_model_len, MS max_num_samples (max_num_reqs
-without speculative decoding), S the step's sampling positions, P the packed
+slot; a padding token's slot N writes nowhere), L max_model_len, MS the sampled array's length
+(`StepLayout.sampled_size`: max_num_reqs without speculative decoding), S the step's sampling
+positions, P the packed
 buffer's length, M = ceil(V / 32) words of a row's grammar bans (all zeros: no grammar).
 """
 
@@ -28,7 +29,7 @@ from vjx.sampling.metadata import SamplingMetadata
 from vjx.sampling.sampler import sample
 from vjx.sharding.constraints import replicate
 from vjx.sharding.placement import abstract_like
-from vjx.spec_decode.sample_positions import sample_positions_metadata
+from vjx.spec_decode.sample_positions import num_rejected_drafts, sample_positions_metadata
 from vjx.worker.step_layout import StepLayout
 
 # Prompt logprobs need the logits of every token: computed this many tokens at a time.
@@ -172,7 +173,8 @@ def layer_attention_metadata(layout: StepLayout, layer_group_ids: tuple[int, ...
 def sample_step(layout: StepLayout, model, f, hidden, input_ids, history, slot_tables, grammar_bans):
     """After the last layer: the history gets the step's tokens, then the final norm's hidden
     states become logits, one sampled token per row (with drafts, per sampling position;
-    padded to `max_num_samples`) and the logprobs. Returns (history, sampled, logprobs,
+    padded to `max_num_samples`, then with drafts each row's rejected drafts: `sampled_size`)
+    and the logprobs. Returns (history, sampled, logprobs,
     prompt_logprobs)."""
     history = history.at[f["token_slots"], f["positions"]].set(input_ids, mode="drop")
     logits_indices, num_logprobs = f["logits_indices"], f["num_logprobs"]
@@ -187,8 +189,10 @@ def sample_step(layout: StepLayout, model, f, hidden, input_ids, history, slot_t
     sampled = sample(logits, md)
     logprobs = _sample_logprobs(layout, logits, sampled, num_logprobs)
     prompt_logprobs = _prompt_logprobs(layout, model, hidden, f["prompt_logprobs_targets"])
-    sampled = jnp.pad(sampled, (0, layout.max_num_samples - layout.num_samples))
-    return history, sampled, logprobs, prompt_logprobs
+    padded = jnp.pad(sampled, (0, layout.max_num_samples - layout.num_samples))
+    if layout.num_spec_tokens:
+        padded = jnp.concatenate([padded, num_rejected_drafts(layout, f, sampled, input_ids)])
+    return history, padded, logprobs, prompt_logprobs
 
 
 def compile_step(
@@ -220,7 +224,7 @@ def compile_step(
         donate_argnums=(1, 2),
     )
     structs = abstract_like(state)
-    prev_sampled = jax.ShapeDtypeStruct((layout.max_num_samples,), jnp.int32, sharding=replicated)
+    prev_sampled = jax.ShapeDtypeStruct((layout.sampled_size,), jnp.int32, sharding=replicated)
     packed = jax.ShapeDtypeStruct((layout.size,), jnp.int32, sharding=replicated)
     grammar_bans = jax.ShapeDtypeStruct((layout.num_samples, layout.num_bitmask_words), jnp.int32, sharding=replicated)
     with jax.set_mesh(mesh):

@@ -94,8 +94,14 @@ class StepLayout:
 
     @property
     def max_num_samples(self) -> int:
-        """Length of the sampled-token array, the same for every bucket."""
+        """Sampling positions of the largest bucket."""
         return self.max_num_reqs * (self.num_spec_tokens + 1)
+
+    @property
+    def sampled_size(self) -> int:
+        """Length of the sampled-token array, the same for every bucket: a token per sampling
+        position, then (with drafts) each row's rejected drafts."""
+        return self.max_num_samples + (self.max_num_reqs if self.num_spec_tokens else 0)
 
     @functools.cached_property
     def fields(self) -> dict[str, tuple[int, int]]:
