@@ -2,7 +2,7 @@
 
 import dataclasses
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from vjx.config import CacheConfig, SchedulerConfig
@@ -56,6 +56,8 @@ class _StepPlan:
     """What one `schedule()` call has decided so far."""
 
     token_budget: int
+    num_output_placeholders: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """The scheduler's `num_output_placeholders`: a request's drafts come after them."""
     num_scheduled_tokens: dict[str, int] = dataclasses.field(default_factory=dict)
     new_blocks: dict[str, KVCacheBlocks] = dataclasses.field(default_factory=dict)
     scheduled_running_reqs: list[Request] = dataclasses.field(default_factory=list)
@@ -65,14 +67,18 @@ class _StepPlan:
     spec_decode_tokens: dict[str, list[int]] = dataclasses.field(default_factory=dict)
 
     def schedule(self, request: Request, num_new_tokens: int, new_blocks: KVCacheBlocks) -> None:
-        """Schedules `num_new_tokens` of the request; those past its tokens are its first drafts."""
-        self.num_scheduled_tokens[request.request_id] = num_new_tokens
-        self.new_blocks[request.request_id] = new_blocks
+        """Schedules `num_new_tokens` of the request; those past its tokens (and its tokens in
+        flight) are its first drafts."""
+        request_id = request.request_id
+        self.num_scheduled_tokens[request_id] = num_new_tokens
+        self.new_blocks[request_id] = new_blocks
         self.token_budget -= num_new_tokens
-        num_drafts = request.num_computed_tokens + num_new_tokens - request.num_tokens
-        if num_drafts > 0:
-            self.spec_decode_tokens[request.request_id] = request.spec_token_ids[:num_drafts]
-        request.spec_token_ids = []
+        if request.spec_token_ids:
+            num_known_tokens = request.num_tokens + self.num_output_placeholders.get(request_id, 0)
+            num_drafts = request.num_computed_tokens + num_new_tokens - num_known_tokens
+            if num_drafts > 0:
+                self.spec_decode_tokens[request_id] = request.spec_token_ids[:num_drafts]
+            request.spec_token_ids = []
 
     def unschedule_running(self, request: Request) -> None:
         self.token_budget += self.num_scheduled_tokens.pop(request.request_id)
@@ -129,6 +135,9 @@ class Scheduler:
         )
         self.requests: dict[str, Request] = {}
         self.running: list[Request] = []
+        self.num_output_placeholders: dict[str, int] = {}
+        """Per request, tokens sampled by steps in flight; absent means none. Only the
+        `AsyncScheduler` has any: a synchronous step's tokens are back before the next is planned."""
         self.finished_req_ids: set[str] = set()
         """Finished or aborted since the last `schedule()`: the runner must drop them."""
         self._finished_req_ids_to_report: set[str] = set()
@@ -166,7 +175,7 @@ class Scheduler:
         request.record_event(EngineCoreEventType.QUEUED)
 
     def schedule(self) -> SchedulerOutput:
-        plan = _StepPlan(token_budget=self.max_num_scheduled_tokens)
+        plan = _StepPlan(self.max_num_scheduled_tokens, self.num_output_placeholders)
         self._schedule_running(plan)
         # A step that had to preempt is short of blocks: admitting more would thrash.
         if not plan.preempted_reqs:
@@ -342,17 +351,17 @@ class Scheduler:
         )
 
     def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
-        self._advance_computed_tokens(scheduler_output.num_scheduled_tokens)
+        self._advance_computed_tokens(scheduler_output)
         self.finished_req_ids = set()
         if scheduler_output.total_num_scheduled_tokens:
             self.num_steps += 1
             self.num_scheduled_tokens += scheduler_output.total_num_scheduled_tokens
 
-    def _advance_computed_tokens(self, num_scheduled_tokens: dict[str, int]) -> None:
+    def _advance_computed_tokens(self, scheduler_output: SchedulerOutput) -> None:
         """Counts the step's tokens as computed now, so that the next step can be scheduled
         before this one's tokens are back."""
         requests = self.requests
-        for req_id, num_tokens in num_scheduled_tokens.items():
+        for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
             requests[req_id].num_computed_tokens += num_tokens
 
     def update_from_output(
@@ -425,13 +434,16 @@ class Scheduler:
 
     def _reject_drafts(self, request: Request, drafts: list[int], num_accepted: int) -> None:
         """The step computed all of the request's drafts; those after the first rejected one
-        are not its tokens, so their KV is uncomputed again (their slots get overwritten). The
-        counts go to the stats, and to the request's own metrics when it keeps them."""
+        are not its tokens, so their KV is uncomputed again (their slots get overwritten)."""
         request.num_computed_tokens -= len(drafts) - num_accepted
-        self.spec_decoding_stats = self.spec_decoding_stats.observe_draft(len(drafts), num_accepted)
+        self._observe_drafts(request, len(drafts), num_accepted)
+
+    def _observe_drafts(self, request: Request, num_drafts: int, num_accepted: int) -> None:
+        """The counts go to the stats, and to the request's own metrics when it keeps them."""
+        self.spec_decoding_stats = self.spec_decoding_stats.observe_draft(num_drafts, num_accepted)
         if request.spec_decode_metrics is not None:
             detailed = self.spec_decode_metrics_level == "detailed"
-            request.spec_decode_metrics.observe(len(drafts), num_accepted, detailed)
+            request.spec_decode_metrics.observe(num_drafts, num_accepted, detailed)
 
     def _advance_grammar(self, request: Request, new_token_ids: list[int]) -> bool:
         """Advances the request's grammar; a grammar that ended stops the request."""
