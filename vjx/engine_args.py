@@ -576,15 +576,17 @@ class EngineArgs(VllmCompatArgs):
             raise ValueError(
                 f"speculative_config with pipeline_parallel_size={self.pipeline_parallel_size} is not built yet."
             )
-        if config is not None and self.async_scheduling:
+        if config is not None and self.async_scheduling and config.method == "ngram":
             raise ValueError(
-                "speculative_config with async_scheduling=True is not built yet: the drafts of a step "
-                "come from the tokens of the one before; leave async_scheduling unset."
+                "async_scheduling=True with speculative_config method='ngram' is not supported: the n-gram "
+                "proposer reads the tokens of the step before, on the host (as in vLLM); use an EAGLE head or "
+                "a draft model, which propose on the device, or leave async_scheduling unset."
             )
         return config
 
     def _async_scheduling(self, speculative_config: SpeculativeConfig | None) -> bool:
-        if speculative_config is not None:
+        """Unset: on, but not on the CPU backend nor with the n-gram proposer (as vLLM does)."""
+        if speculative_config is not None and speculative_config.method == "ngram":
             return False
         if self.async_scheduling is None:
             return jax.default_backend() != "cpu"

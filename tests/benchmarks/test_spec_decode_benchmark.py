@@ -27,3 +27,16 @@ def test_cpu_run_reports_every_method_with_the_same_tokens(tmp_path):
         assert speculative["mean_acceptance_length"] >= 1.0
     # The target as its own draft: every greedy draft is accepted.
     assert draft_model["acceptance_rate"] == 1.0
+    assert not any(run["async_scheduling"] for run in result["runs"])
+
+
+def test_async_scheduling_on_leaves_the_ngram_proposer_out(tmp_path):
+    model = save_tiny_default_model(tmp_path / "tiny")
+    path = tmp_path / "spec.json"
+    argv = ["--model", model, "--draft-model", model, "--async-scheduling", "on", "--workloads", "random"]
+    argv += ["--num-prompts", "2", "--input-len", "16", "--output-len", "24", "--num-speculative-tokens", "3"]
+    assert spec_decode.main([*argv, "--max-model-len", "128", "--output-json", str(path)]) == 0
+    plain, draft_model = json.loads(path.read_text())["runs"]
+    assert (plain["method"], draft_model["method"]) == ("none", "draft_model")
+    assert plain["async_scheduling"] and draft_model["async_scheduling"]
+    assert draft_model["same_tokens_as_without"] and draft_model["acceptance_rate"] == 1.0

@@ -242,6 +242,26 @@ def test_drafts_start_once_min_tokens_are_out_or_in_flight():
     assert [cached(out) for out in (out2, out3, out4)] == [[("a", None, 5)], [("a", ([3],), 6)], [("a", None, 7)]]
 
 
+def test_a_request_left_out_of_a_step_comes_back_without_drafts():
+    # The drafts proposed after a step are for the next step only.
+    scheduler = make_spec_scheduler(max_num_batched_tokens=1 + K)
+    a, b = make_request("a", [10]), make_request("b", [20])
+    scheduler.add_request(a)
+    scheduler.add_request(b)
+    out1 = scheduler.schedule()
+    assert out1.num_scheduled_tokens == {"a": 1, "b": 1}
+    assert (a.spec_token_ids, b.spec_token_ids) == ([-1, -1], [-1, -1])
+    # a's bonus token and drafts take the whole budget: b is left out, its drafts dropped.
+    out2 = scheduler.schedule()
+    assert out2.num_scheduled_tokens == {"a": 1 + K}
+    assert (b.status, b.spec_token_ids) == (RequestStatus.RUNNING, [])
+    update(scheduler, out1, {"a": [11], "b": [21]})
+    scheduler.finish_requests("a", RequestStatus.FINISHED_ABORTED)
+    out3 = scheduler.schedule()
+    assert (out3.num_scheduled_tokens, out3.scheduled_spec_decode_tokens) == ({"b": 1}, {})
+    assert b.spec_token_ids == [-1, -1]
+
+
 def test_a_request_preempted_with_drafts_in_flight_takes_back_only_its_placeholders():
     scheduler = make_spec_scheduler(num_gpu_blocks=8, max_model_len=16, max_num_batched_tokens=16)
     a = make_request("a", [10, 11, 12, 13, 14, 15], max_tokens=None)

@@ -100,6 +100,16 @@ def test_sliding_window_frees_blocks_that_left_the_window():
     assert manager.block_pool.get_num_free_blocks() == 20
 
 
+def test_a_sliding_window_keeps_the_blocks_of_unverified_tokens():
+    # Async scheduling with 2 drafts in flight: the request's true position may be 2 earlier.
+    manager = KVCacheManager(4, num_gpu_blocks=21, max_model_len=64, kv_cache_groups=[WINDOW], num_unverified_tokens=2)
+    a = make_request("a", PROMPT)
+    schedule_prompt(manager, a)
+    # Token 20 may be token 18, which reads positions 11..18: block 2 (tokens 8..11) stays.
+    assert decode(manager, a, 100) == ([6],)
+    assert manager.get_block_ids("a") == ([0, 0, 3, 4, 5, 6],)
+
+
 def test_sliding_window_hit_shares_the_window_blocks_only():
     manager = KVCacheManager(4, num_gpu_blocks=21, max_model_len=64, kv_cache_groups=[WINDOW])
     a = make_request("a", PROMPT)

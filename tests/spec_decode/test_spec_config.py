@@ -68,7 +68,7 @@ def test_engine_args_merge_the_shorthands_and_refuse_what_cannot_run_with_drafts
     with pytest.raises(ValueError, match="mutually exclusive"):
         EngineArgs(speculative_config={"num_speculative_tokens": 2}, spec_tokens=3)._speculative_config_dict()
     config = {"method": "ngram", "num_speculative_tokens": 2}
-    with pytest.raises(ValueError, match="async_scheduling=True is not built yet"):
+    with pytest.raises(ValueError, match="async_scheduling=True with speculative_config method='ngram'"):
         EngineArgs(speculative_config=config, async_scheduling=True)._speculative_config()
     with pytest.raises(ValueError, match="pipeline_parallel_size=2 is not built yet"):
         EngineArgs(speculative_config=config, pipeline_parallel_size=2)._speculative_config()

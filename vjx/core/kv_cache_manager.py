@@ -45,9 +45,13 @@ class KVCacheManager:
         kv_cache_groups: Sequence[KVCacheGroupSpec] | None = None,
         hash_algo: str = "sha256",
         num_lookahead_tokens: int = 0,
+        num_unverified_tokens: int = 0,
     ) -> None:
         """`num_lookahead_tokens`: slots every allocation adds past the new tokens (a
-        speculative proposer on the device writes its drafts' KV there after the step)."""
+        speculative proposer on the device writes its drafts' KV there after the step).
+        `num_unverified_tokens`: computed tokens a request may give back (drafts in flight
+        under async scheduling): a sliding window frees blocks only behind them, since the
+        request's true position may be that much earlier."""
         if block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {block_size}.")
         if max_model_len < 1:
@@ -64,6 +68,7 @@ class KVCacheManager:
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.num_lookahead_tokens = num_lookahead_tokens
+        self.num_unverified_tokens = num_unverified_tokens
         self.enable_caching = enable_caching
         self.hash_fn = get_hash_fn_by_name(hash_algo)
         self.coordinator = get_kv_cache_coordinator(kv_cache_groups, num_gpu_blocks, enable_caching)
@@ -150,7 +155,7 @@ class KVCacheManager:
                     f"new_computed_blocks must be empty for request {request_id!r}, which "
                     f"already holds {len(self.req_to_blocks[request_id])} blocks."
                 )
-        coordinator.remove_skipped_blocks(request_id, request.num_computed_tokens)
+        coordinator.remove_skipped_blocks(request_id, max(request.num_computed_tokens - self.num_unverified_tokens, 0))
         num_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
         num_tokens_need_slot = min(num_computed_tokens + num_new_tokens, self.max_model_len)
         num_blocks_to_allocate = coordinator.get_num_blocks_to_allocate(request_id, num_tokens_need_slot, hit_blocks)

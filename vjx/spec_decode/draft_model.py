@@ -29,8 +29,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from vjx.attention.metadata import AttentionMetadata
 from vjx.sharding.constraints import replicate
 from vjx.sharding.placement import abstract_like, put_replicated
+from vjx.spec_decode.async_drafts import correct_optimistic_fields, drafting_inputs, with_drafts
 from vjx.worker.input_batch import InputBatch
-from vjx.worker.step import layer_attention_metadata
+from vjx.worker.step import layer_attention_metadata, step_input_ids
 from vjx.worker.step_inputs import STEP_INPUTS
 from vjx.worker.step_layout import PLAIN, PackedBuffer, StepLayout, query_start_loc, ragged_positions
 from vjx.worker.step_outputs import StepRecord
@@ -73,6 +74,24 @@ def _decode(k: int, block_size: int, max_model_len: int, graphdef, treedef, para
 
     (_, kv_caches), drafts = jax.lax.scan(one_step, (tokens, kv_caches), jnp.arange(k))
     return kv_caches, drafts.T
+
+
+def _propose_after_step(layout: StepLayout, static: tuple, param_leaves, kv_caches, packed, prev, sampled):
+    """The proposal right after a target step, on the device alone (async scheduling): the
+    draft's forward over the step's own tokens (`layout` is the step's), then k one-token
+    steps from each row's newest token (the one drawn after its last kept draft); the drafts
+    go into the step's sampled array, which is returned with the caches."""
+    k, block_size, max_model_len, graphdef, treedef = static
+    f = correct_optimistic_fields(layout, layout.unpack(packed), prev)
+    input_ids = step_input_ids(f, prev)
+    after, last = drafting_inputs(layout, f, input_ids, sampled)
+    model = nnx.merge(graphdef, jax.tree.unflatten(treedef, param_leaves))
+    _, kv_caches = model(
+        input_ids, f["positions"], kv_caches, layer_attention_metadata(layout, (0,) * len(kv_caches), f)
+    )
+    inputs = (after[last], f["positions"][last] + 1, f["block_tables"][0], f["num_seqs"])
+    kv_caches, drafts = _decode(k, block_size, max_model_len, graphdef, treedef, param_leaves, kv_caches, inputs)
+    return kv_caches, with_drafts(layout, sampled, drafts)
 
 
 def computed_ends(batch: InputBatch, record: StepRecord, token_lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -146,11 +165,13 @@ class DraftModelProposer:
             t: dataclasses.replace(layout, num_spec_tokens=0, table=STEP_INPUTS, features=PLAIN)
             for t, layout in layouts.items()
         }
+        self.target_layouts = layouts
         self.buffers = {t: PackedBuffer(layout) for t, layout in self.layouts.items()}
         self.num_computed = np.zeros(input_batch.max_num_reqs, np.int32)
         """Per slot: the request's tokens whose draft KV is in the cache."""
         self._catch_ups: dict[int, object] = {}
         self._decode = None
+        self._after_step_programs: dict[int, object] = {}
 
     def compile(self) -> None:
         """Both programs, ahead of the first request: catch-up per token bucket, and decode."""
@@ -181,6 +202,34 @@ class DraftModelProposer:
         )
         with jax.set_mesh(self.mesh):
             self._decode = fn.lower(*structs, inputs).compile()
+
+    def compile_after_step(self) -> None:
+        """Instead of `compile` (async scheduling): the program that follows each target step bucket."""
+        replicated = self.replicated
+        state = (self.param_leaves, self.kv_caches)
+        shardings = jax.tree.map(lambda x: x.sharding, state)
+        static = (self.k, self.block_size, self.max_model_len, self.graphdef, self.treedef)
+        for t, layout in self.target_layouts.items():
+            fn = jax.jit(
+                functools.partial(_propose_after_step, layout, static),
+                in_shardings=(*shardings, replicated, replicated, replicated),
+                out_shardings=(shardings[1], replicated),
+                donate_argnums=(1,),
+            )
+            packed = jax.ShapeDtypeStruct((layout.size,), jnp.int32, sharding=replicated)
+            sampled = jax.ShapeDtypeStruct((layout.sampled_size,), jnp.int32, sharding=replicated)
+            with jax.set_mesh(self.mesh):
+                self._after_step_programs[t] = fn.lower(*abstract_like(state), packed, sampled, sampled).compile()
+
+    def propose_after_step(self, num_tokens: int, packed: jax.Array, prev_sampled, sampled, target_hidden=None):
+        """Right after the target step of bucket `num_tokens` (its packed inputs, the sampled
+        array it read and the one it returned), without waiting for it: that array with the
+        drafts for each of its rows' next step."""
+        with jax.set_mesh(self.mesh):
+            self.kv_caches, sampled = self._after_step_programs[num_tokens](
+                self.param_leaves, self.kv_caches, packed, prev_sampled, sampled
+            )
+        return sampled
 
     def request_entered(self, row: int, num_computed_tokens: int) -> None:
         """A request took slot `row` with that many tokens computed (prefix-cache hits have

@@ -26,9 +26,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vjx.attention.metadata import AttentionMetadata
 from vjx.sharding.placement import abstract_like, put_replicated
+from vjx.spec_decode.async_drafts import correct_optimistic_fields, drafting_inputs, with_drafts
 from vjx.spec_decode.draft_model import computed_ends, fill_ragged
 from vjx.worker.input_batch import InputBatch
-from vjx.worker.step import layer_attention_metadata
+from vjx.worker.step import layer_attention_metadata, step_input_ids
 from vjx.worker.step_inputs import STEP_INPUTS, Per, Source, StepInput
 from vjx.worker.step_layout import PLAIN, PackedBuffer, StepLayout
 from vjx.worker.step_outputs import StepRecord
@@ -56,17 +57,43 @@ class _Programs:
     target: tuple
 
 
+def _merge(static: _Programs, head_leaves, target_leaves):
+    head = nnx.merge(static.head[0], jax.tree.unflatten(static.head[1], head_leaves))
+    return head, nnx.merge(static.target[0], jax.tree.unflatten(static.target[1], target_leaves))
+
+
 def _propose(static: _Programs, head_leaves, target_leaves, kv_caches, target_hidden, packed):
     """Catch-up, then k - 1 one-token steps; returns the caches and the drafts [R, k]."""
     layout, num_layers = static.layout, len(kv_caches)
     f = layout.unpack(packed)
-    head = nnx.merge(static.head[0], jax.tree.unflatten(static.head[1], head_leaves))
-    target = nnx.merge(static.target[0], jax.tree.unflatten(static.target[1], target_leaves))
+    head, target = _merge(static, head_leaves, target_leaves)
     metadata = layer_attention_metadata(layout, (0,) * num_layers, f)
     embeds = target.model.embed(f["input_ids"])
     hidden = head.combine_hidden_states(target_hidden[f["target_hidden_index"]])
     hidden, kv_caches = head(embeds, hidden, f["positions"], kv_caches, metadata)
-    hidden = hidden[f["logits_indices"]]
+    return _head_steps(static, head, target, kv_caches, hidden[f["logits_indices"]], f["seq_lens"], f)
+
+
+def _propose_after_step(static: _Programs, head_leaves, target_leaves, kv_caches, target_hidden, packed, prev, sampled):
+    """The proposal right after a target step, on the device alone (async scheduling): the
+    catch-up runs over the step's own tokens (`static.layout` is the step's), each paired
+    with the token after it; the drafts go into the step's sampled array, which is returned
+    with the caches."""
+    layout, num_layers = static.layout, len(kv_caches)
+    f = correct_optimistic_fields(layout, layout.unpack(packed), prev)
+    after, last = drafting_inputs(layout, f, step_input_ids(f, prev), sampled)
+    head, target = _merge(static, head_leaves, target_leaves)
+    metadata = layer_attention_metadata(layout, (0,) * num_layers, f)
+    hidden = head.combine_hidden_states(target_hidden)
+    hidden, kv_caches = head(target.model.embed(after), hidden, f["positions"], kv_caches, metadata)
+    kv_caches, drafts = _head_steps(static, head, target, kv_caches, hidden[last], f["positions"][last] + 1, f)
+    return kv_caches, with_drafts(layout, sampled, drafts)
+
+
+def _head_steps(static: _Programs, head, target, kv_caches, hidden, next_positions, f):
+    """Draft 1 from each row's `hidden`, then k - 1 one-token steps at `next_positions` + j,
+    each from the last draft and the head's last state; returns the caches and the drafts."""
+    layout, num_layers = static.layout, len(kv_caches)
     tokens = head.draft_tokens(target, hidden)
     rows = jnp.arange(layout.num_reqs)
     is_row = rows < f["num_seqs"][0]
@@ -74,8 +101,8 @@ def _propose(static: _Programs, head_leaves, target_leaves, kv_caches, target_hi
 
     def one_step(carry, j):
         tokens, hidden, kv_caches = carry
-        position = jnp.minimum(f["seq_lens"] + j, static.max_model_len - 1)
-        is_written = is_row & (f["seq_lens"] + j < static.max_model_len)
+        position = jnp.minimum(next_positions + j, static.max_model_len - 1)
+        is_written = is_row & (next_positions + j < static.max_model_len)
         block = block_tables[rows, position // static.block_size]
         md = AttentionMetadata(
             slot_mapping=jnp.where(is_written, block * static.block_size + position % static.block_size, 0),
@@ -137,9 +164,11 @@ class EagleProposer:
             )
             for t, layout in layouts.items()
         }
+        self.target_layouts = layouts
         self.target_num_tokens = {t: layout.num_tokens for t, layout in layouts.items()}
         self.buffers = {t: PackedBuffer(layout) for t, layout in self.layouts.items()}
         self._programs: dict[tuple[int, int], object] = {}
+        self._after_step_programs: dict[int, object] = {}
 
     def request_entered(self, row: int, num_computed_tokens: int) -> None:
         """The head's catch-up follows the target's steps: it keeps no count of its own."""
@@ -165,6 +194,37 @@ class EagleProposer:
                 if target_tokens >= t:
                     with jax.set_mesh(self.mesh):
                         self._programs[t, target_tokens] = fn.lower(*structs, hidden, packed).compile()
+
+    def compile_after_step(self) -> None:
+        """Instead of `compile` (async scheduling): the program that follows each target step bucket."""
+        replicated = self.replicated
+        state = (self.head_leaves, self.target_leaves(), self.kv_caches)
+        shardings = jax.tree.map(lambda x: x.sharding, state)
+        structs = abstract_like(state)
+        hidden_size, hidden_dtype = self.hidden_shape
+        for t, layout in self.target_layouts.items():
+            static = _Programs(layout, self.k, self.block_size, self.max_model_len, self.head, self.target)
+            fn = jax.jit(
+                functools.partial(_propose_after_step, static),
+                in_shardings=(*shardings, replicated, replicated, replicated, replicated),
+                out_shardings=(shardings[2], replicated),
+                donate_argnums=(2,),
+            )
+            packed = jax.ShapeDtypeStruct((layout.size,), jnp.int32, sharding=replicated)
+            sampled = jax.ShapeDtypeStruct((layout.sampled_size,), jnp.int32, sharding=replicated)
+            hidden = jax.ShapeDtypeStruct((t, hidden_size), hidden_dtype, sharding=replicated)
+            with jax.set_mesh(self.mesh):
+                self._after_step_programs[t] = fn.lower(*structs, hidden, packed, sampled, sampled).compile()
+
+    def propose_after_step(self, num_tokens: int, packed: jax.Array, prev_sampled, sampled, target_hidden) -> jax.Array:
+        """Right after the target step of bucket `num_tokens` (its packed inputs, the sampled
+        array it read and the one it returned), without waiting for it: that array with the
+        drafts for each of its rows' next step."""
+        with jax.set_mesh(self.mesh):
+            self.kv_caches, sampled = self._after_step_programs[num_tokens](
+                self.head_leaves, self.target_leaves(), self.kv_caches, target_hidden, packed, prev_sampled, sampled
+            )
+        return sampled
 
     def propose_batch(
         self, record: StepRecord, token_lists: list[list[int]], limits: list[int], target_hidden=None

@@ -24,10 +24,12 @@ import numpy as np
 from jaxtyping import Array, Int
 
 from vjx.sampling.metadata import SamplingMetadata
+from vjx.spec_decode.async_drafts import ASYNC_SPEC_INPUTS
 from vjx.worker.step_inputs import Per, Source, StepInput
 from vjx.worker.step_outputs import StepRecord
 
 SPEC_DECODE_INPUTS = (
+    *ASYNC_SPEC_INPUTS,
     StepInput("spec_sample_rows", np.int32, Per.SAMPLE, Source.STEP, "The row each sampling position belongs to."),
     StepInput(
         "spec_sample_offsets", np.int32, Per.SAMPLE, Source.STEP, "j: the position follows the row's j-th token."

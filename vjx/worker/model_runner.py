@@ -30,6 +30,7 @@ from vjx.models.loader import DTYPES
 from vjx.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vjx.sharding.pipeline import stage_layer_ranges
 from vjx.sharding.placement import filled, put_replicated
+from vjx.spec_decode.async_drafts import draft_index
 from vjx.spec_decode.config import EAGLE_METHODS
 from vjx.spec_decode.draft_model import DraftModelProposer
 from vjx.spec_decode.eagle import EagleProposer
@@ -99,6 +100,8 @@ class ModelRunner:
         self.plan = self._plan_pipeline(model, state, stage_meshes)
         self.max_model_len = sched.max_model_len
         self.num_spec_tokens = config.num_speculative_tokens
+        self.drafts_on_device = self.num_spec_tokens > 0 and sched.async_scheduling
+        """Async scheduling: drafts are proposed after each step, kept on the device (async_drafts.py)."""
         self.layouts = self._make_layouts(config, max_blocks)
         self.drafter = self._make_drafter(config, draft)
         self._no_grammar: dict[int, jax.Array] = {}
@@ -118,7 +121,9 @@ class ModelRunner:
         self._last_sampled = self._no_last_sampled = filled((any_layout.sampled_size,), np.int32, 0, self.replicated)
         self._sample_index_by_slot = np.full(self.max_num_reqs, -1, np.int32)
         """Per slot, the index in the last dispatched step's output of the token it samples
-        for the slot's request (-1: none)."""
+        for the slot's request (-1: none); with drafts, the one after its last draft."""
+        self._prev_row_by_slot = np.full(self.max_num_reqs, -1, np.int32)
+        """Per slot, its row in the last dispatched step (drafts on the device)."""
         self.compile_watch = CompileWatch()
         self._failed_req_ids: set[str] = set()
         """Requests that failed to enter the batch, until the scheduler reports them finished."""
@@ -167,6 +172,7 @@ class ModelRunner:
                 num_bitmask_words=-(-config.model_config.hf_text_config.vocab_size // 32),
                 num_spec_tokens=self.num_spec_tokens,
                 returns_hidden_states=is_eagle,
+                block_size=self.block_size,
                 aux_hidden_state_layers=self._aux_hidden_state_layers(config),
                 table=table,
             )
@@ -203,7 +209,7 @@ class ModelRunner:
             compiled = pool.map(lambda variant: self.compile_layout(*variant, executable_cache), variants)
             self._compiled = dict(zip(variants, compiled))
         if self.drafter is not None:
-            self.drafter.compile()
+            self.drafter.compile_after_step() if self.drafts_on_device else self.drafter.compile()
         elapsed = time.perf_counter() - start
         logger.info("compiled %d step variants in %.1f s", len(variants), elapsed)
         return elapsed
@@ -240,9 +246,7 @@ class ModelRunner:
             return AsyncModelRunnerOutput(lambda: ModelRunnerOutput([], {}, [], failed_req_ids=failed))
         rows, num_tokens = self._order_rows(scheduled)
         layout = self._layout_for(int(num_tokens.sum()))
-        drafts = (
-            self._write_drafts(rows, scheduler_output.scheduled_spec_decode_tokens) if self.num_spec_tokens else None
-        )
+        drafts = self._step_drafts(rows, scheduler_output.scheduled_spec_decode_tokens)
         buffer, record = self._prepare_inputs(layout, rows, num_tokens, drafts)
         grammar_bans = self._grammar_bans(layout, scheduler_output, record)
         features = self._features(buffer.fields, rows, record)
@@ -252,6 +256,7 @@ class ModelRunner:
         # A step that reads no token of the last one does not wait for it (pipeline stages
         # then run two steps at once).
         needs_last = (buffer.fields["prev_sampled_index"] >= 0).any()
+        packed = self._to_device(buffer.data)
         with self.compile_watch:
             outputs = step(
                 self.param_leaves,
@@ -259,17 +264,30 @@ class ModelRunner:
                 self.history,
                 self.slot_tables.arrays,
                 self._last_sampled if needs_last else self._no_last_sampled,
-                self._to_device(buffer.data),
+                packed,
                 grammar_bans,
             )
         self.kv_caches, self.history, sampled, logprobs, prompt_logprobs, *hidden = outputs
+        if self.drafts_on_device and self.drafter is not None:
+            prev = self._last_sampled if needs_last else self._no_last_sampled
+            sampled = self.drafter.propose_after_step(layout.num_tokens, packed, prev, sampled, *hidden)
         self._last_sampled = sampled
-        self._sample_index_by_slot.fill(-1)
-        if not self.num_spec_tokens:
-            self._sample_index_by_slot[rows[record.is_sampling]] = np.flatnonzero(record.is_sampling)
+        self._remember_samples(rows, record)
         return AsyncModelRunnerOutput(
             lambda: self._collect(record, sampled, logprobs, prompt_logprobs, failed, *hidden)
         )
+
+    def _remember_samples(self, rows: np.ndarray, record: StepRecord) -> None:
+        """Where the next step finds each slot's tokens of this one, not on the host yet."""
+        self._sample_index_by_slot.fill(-1)
+        is_sampling = record.is_sampling
+        if not self.num_spec_tokens:
+            self._sample_index_by_slot[rows[is_sampling]] = np.flatnonzero(is_sampling)
+        elif self.drafts_on_device:
+            num_drafts = np.fromiter(map(len, record.drafts), np.int32, len(rows))
+            self._sample_index_by_slot[rows[is_sampling]] = (record.sample_starts + num_drafts)[is_sampling]
+            self._prev_row_by_slot.fill(-1)
+            self._prev_row_by_slot[rows] = np.arange(len(rows))
 
     def _grammar_bans(self, layout: StepLayout, so: SchedulerOutput, record: StepRecord) -> jax.Array:
         """The complement of the step's grammar bitmask on the device (a set bit bans a
@@ -402,11 +420,19 @@ class ModelRunner:
                 return layout
         raise ValueError(f"{total_tokens} tokens exceed the largest bucket {num_tokens}.")
 
-    def _write_drafts(self, rows: np.ndarray, spec_tokens: dict[str, list[int]]) -> list[list[int]]:
-        """Each row's drafts (speculative decoding), written after its tokens, where the step
-        reads its input ids; the row's token count stays (they are not its tokens yet)."""
+    def _step_drafts(self, rows: np.ndarray, spec_tokens: dict[str, list[int]]) -> list[list[int]] | None:
+        """Each row's drafts (speculative decoding; else None). On the host they are written
+        after the row's tokens, where the step reads its input ids; the row's token count
+        stays (they are not its tokens yet). On the device they are placeholders (-1)."""
+        if not self.num_spec_tokens:
+            return None
         batch = self.input_batch
         drafts = [spec_tokens.get(batch.req_ids[row], []) for row in rows.tolist()]
+        if self.drafts_on_device:
+            has_drafts = np.fromiter(map(len, drafts), np.int32, len(rows)) > 0
+            if (self._prev_row_by_slot[rows[has_drafts]] < 0).any():
+                raise RuntimeError("the scheduler gave drafts to a request that was not in the last step")
+            return drafts
         for row, row_drafts in zip(rows.tolist(), drafts):
             if row_drafts:
                 batch.token_ids_cpu[row, batch.num_tokens[row] : batch.num_tokens[row] + len(row_drafts)] = row_drafts
@@ -431,9 +457,9 @@ class ModelRunner:
         known = batch.num_tokens[token_rows]
         if drafts is not None:
             num_drafts = np.fromiter(map(len, drafts), np.int32, num_rows)
-            known = known + num_drafts[row_of_token]
+            known = known if self.drafts_on_device else known + num_drafts[row_of_token]
         is_pending = positions >= known
-        prev_sampled_index = np.where(is_pending, self._sample_index_by_slot[token_rows], -1)
+        prev_sampled_index = np.where(is_pending, self._pending_index(token_rows, positions - start[row_of_token]), -1)
         num_pending = np.bincount(row_of_token[is_pending], minlength=num_rows)
         has_target, targets = self._prompt_logprobs_targets(token_rows, positions)
         values = {
@@ -446,12 +472,12 @@ class ModelRunner:
             "query_start_loc": query_start_loc(cu, layout.num_reqs),
             "seq_lens": seq_lens,
             "num_seqs": np.array([num_rows], np.int32),
-            **self._prepare_sampling(rows, cu - 1, num_pending),
+            **self._prepare_sampling(rows, cu - 1, self._num_outputs(rows, num_pending, seq_lens, drafts)),
         }
         sample_starts = None
         if drafts is not None:
             sample_starts, positions_values = sample_positions(num_drafts, cu, seq_lens)
-            values.update(positions_values)
+            values.update(positions_values, **self._draft_values(rows, seq_lens, num_pending))
         layout.table.fill(buffer.fields, batch.columns, rows, values)
         for group, table in enumerate(batch.block_table.block_tables):
             buffer.set_block_tables(table.block_table, rows, int(table.num_blocks_per_row[rows].max()), group)
@@ -469,6 +495,29 @@ class ModelRunner:
             sample_starts=sample_starts,
         )
         return buffer, record
+
+    def _pending_index(self, token_rows: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """Per token (of a row whose tokens start with the last step's sampled one), where it
+        is in the last step's output: the sampled token, or with drafts on the device the
+        row's (offset - 1)-th draft."""
+        index = self._sample_index_by_slot[token_rows]
+        if not self.drafts_on_device:
+            return index
+        layout = next(iter(self.layouts.values()))
+        drafts = draft_index(layout, self._prev_row_by_slot[token_rows], offsets - 1)
+        return np.where(offsets == 0, index, drafts)
+
+    def _draft_values(self, rows: np.ndarray, seq_lens: np.ndarray, num_pending: np.ndarray) -> dict[str, np.ndarray]:
+        """The ASYNC_SPEC_INPUTS: each row's row in the last step when some of its tokens are
+        that step's (its counts may be optimistic), and a prompt chunk's next token."""
+        batch = self.input_batch
+        is_sampling = seq_lens >= batch.num_tokens[rows] + num_pending
+        next_token = batch.token_ids_cpu[rows, np.minimum(seq_lens, self.max_model_len - 1)]
+        prev_row = self._prev_row_by_slot[rows] if self.drafts_on_device else np.full(len(rows), -1, np.int32)
+        return {
+            "prev_row_index": np.where(num_pending > 0, prev_row, -1),
+            "next_prompt_token": np.where(is_sampling, -1, next_token),
+        }
 
     def _prompt_logprobs_targets(self, token_rows: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per token: whether the step computes the logprob of the prompt token after it, and
@@ -489,12 +538,23 @@ class ModelRunner:
         tables = self.input_batch.block_table.block_tables
         return [table.block_table[token_rows, block_index] * self.block_size + offsets for table in tables]
 
+    def _num_outputs(
+        self, rows: np.ndarray, num_pending: np.ndarray, seq_lens: np.ndarray, drafts: list[list[int]] | None
+    ) -> np.ndarray:
+        """Per row, its output tokens before its (first) sampled one: the known ones and those
+        in flight. With drafts on the device the in-flight count is the scheduler's (every
+        draft in flight accepted; the step corrects it): the tokens before the row's drafts."""
+        batch = self.input_batch
+        if not self.drafts_on_device:
+            return batch.num_tokens[rows] + num_pending - batch.num_prompt_tokens[rows]
+        num_drafts = np.fromiter(map(len, drafts), np.int32, len(rows))
+        return np.maximum(seq_lens - num_drafts - batch.num_prompt_tokens[rows], 0)
+
     def _prepare_sampling(
-        self, rows: np.ndarray, logits_indices: np.ndarray, num_pending: np.ndarray
+        self, rows: np.ndarray, logits_indices: np.ndarray, num_outputs: np.ndarray
     ) -> dict[str, np.ndarray]:
         """The sampled rows' values the step derives (the request columns are copied as they are)."""
         batch = self.input_batch
-        num_outputs = batch.num_tokens[rows] + num_pending - batch.num_prompt_tokens[rows]
         is_below_min_tokens = num_outputs < batch.min_tokens[rows]
         is_banning = batch.bans_stop_ids_in_bias[rows]
         if is_banning.any():
@@ -530,7 +590,7 @@ class ModelRunner:
             record.req_ids, dict(zip(record.req_ids, range(num_rows))), sampled_token_ids, failed_req_ids=failed
         )
         collect_logprobs(record, logprobs, prompt_logprobs, self.requests, output)
-        if self.drafter is not None:
+        if self.drafter is not None and not self.drafts_on_device:
             output.spec_token_ids = self._propose_drafts(record, sampled_token_ids, hidden)
         return output
 

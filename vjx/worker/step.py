@@ -29,6 +29,7 @@ from vjx.sampling.metadata import SamplingMetadata
 from vjx.sampling.sampler import sample
 from vjx.sharding.constraints import replicate
 from vjx.sharding.placement import abstract_like
+from vjx.spec_decode.async_drafts import correct_optimistic_fields
 from vjx.spec_decode.sample_positions import num_rejected_drafts, sample_positions_metadata
 from vjx.worker.step_layout import StepLayout
 
@@ -144,6 +145,8 @@ def model_step(
     `prev_sampled`) the same shape.
     """
     f = layout.unpack(packed)
+    if layout.num_spec_tokens:
+        f = correct_optimistic_fields(layout, f, prev_sampled)
     input_ids = step_input_ids(f, prev_sampled)
     model = nnx.merge(graphdef, jax.tree.unflatten(treedef, param_leaves))
     attn_metadata = layer_attention_metadata(layout, layer_group_ids, f)
@@ -191,7 +194,8 @@ def sample_step(layout: StepLayout, model, f, hidden, input_ids, history, slot_t
     prompt_logprobs = _prompt_logprobs(layout, model, hidden, f["prompt_logprobs_targets"])
     padded = jnp.pad(sampled, (0, layout.max_num_samples - layout.num_samples))
     if layout.num_spec_tokens:
-        padded = jnp.concatenate([padded, num_rejected_drafts(layout, f, sampled, input_ids)])
+        no_drafts = jnp.zeros((layout.max_num_reqs * layout.num_spec_tokens,), jnp.int32)
+        padded = jnp.concatenate([padded, num_rejected_drafts(layout, f, sampled, input_ids), no_drafts])
     return history, padded, logprobs, prompt_logprobs
 
 

@@ -71,6 +71,7 @@ class StepLayout:
     num_spec_tokens: int = 0  # k: draft tokens a row may verify (speculative decoding)
     returns_hidden_states: bool = False  # the step also returns its tokens' final hidden states (EAGLE)
     aux_hidden_state_layers: tuple[int, ...] = ()  # instead, the residual streams entering these layers (EAGLE-3)
+    block_size: int = 0  # KV block size, for slots the step computes itself (drafts under async scheduling)
     features: StepFeatures = GENERAL
     table: StepInputTable = dataclasses.field(default=STEP_INPUTS, repr=False, compare=False)
 
@@ -100,8 +101,9 @@ class StepLayout:
     @property
     def sampled_size(self) -> int:
         """Length of the sampled-token array, the same for every bucket: a token per sampling
-        position, then (with drafts) each row's rejected drafts."""
-        return self.max_num_samples + (self.max_num_reqs if self.num_spec_tokens else 0)
+        position, then (with drafts) each row's rejected drafts and the k drafts proposed for
+        its next step (async scheduling: vjx/spec_decode/async_drafts.py)."""
+        return self.max_num_samples + (self.max_num_reqs * (1 + self.num_spec_tokens) if self.num_spec_tokens else 0)
 
     @functools.cached_property
     def fields(self) -> dict[str, tuple[int, int]]:

@@ -76,13 +76,23 @@ class AsyncScheduler(Scheduler):
                 placeholders[req_id] = num_placeholders
                 if self.num_spec_tokens:
                     request.spec_token_ids = [_DRAFT_PLACEHOLDER] * self._max_drafts(request, num_placeholders)
+        if self.num_spec_tokens:
+            self._drop_stale_drafts(scheduler_output)
+
+    def _drop_stale_drafts(self, scheduler_output: SchedulerOutput) -> None:
+        """A request's drafts are proposed after its step, for the next one only: one left out
+        of this step (the budget ran out) has no drafts when it comes back."""
+        for request in self.running:
+            if request.spec_token_ids and request.request_id not in scheduler_output.num_scheduled_tokens:
+                request.spec_token_ids = []
 
     def _max_drafts(self, request: Request, num_placeholders: int) -> int:
         """How many drafts the request's next step may verify, counting its tokens in flight
         as its own (as the runner's `_max_drafts` counts its true tokens): none for a
         constrained request (its masks need every token) or below `min_tokens` (the
-        stop-token bans change per position); else up to max_model_len, and one short of
-        max_tokens (the step adds one)."""
+        stop-token bans change per position; the count is exact until a request's first
+        drafts, so one with drafts in flight is past min_tokens for sure); else up to
+        max_model_len, and one short of max_tokens (the step adds one)."""
         if request.structured_output_request is not None:
             return 0
         num_tokens = request.num_tokens + num_placeholders

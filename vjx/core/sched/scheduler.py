@@ -132,6 +132,7 @@ class Scheduler:
             enable_caching=cache_config.enable_prefix_caching,
             hash_algo=cache_config.prefix_caching_hash_algo,
             num_lookahead_tokens=scheduler_config.num_lookahead_tokens,
+            num_unverified_tokens=scheduler_config.num_spec_tokens if scheduler_config.async_scheduling else 0,
         )
         self.requests: dict[str, Request] = {}
         self.running: list[Request] = []
