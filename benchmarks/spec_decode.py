@@ -67,6 +67,9 @@ def _speculative_config(args: argparse.Namespace, method: str) -> dict | None:
 def _engine(args: argparse.Namespace, method: str) -> LLM:
     return LLM(
         args.model or get_default_model_path(),
+        tokenizer=args.tokenizer,
+        load_format=args.load_format,
+        dtype=args.dtype,
         max_model_len=args.max_model_len,
         max_num_seqs=max(args.num_prompts, 1),
         max_num_batched_tokens=args.max_num_batched_tokens,
@@ -109,7 +112,13 @@ def run(args: argparse.Namespace, workload: str, method: str) -> dict:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="Model directory; the embedded SmolLM2-135M when left out.")
+    parser.add_argument("--tokenizer", default=None, help="The model's tokenizer when left out.")
+    parser.add_argument("--load-format", default="auto", help="'dummy': random weights of the model's shapes.")
+    parser.add_argument("--dtype", default="auto")
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    parser.add_argument(
+        "--skip-ngram", action="store_true", help="Leave the n-gram proposer out (it runs unless async is 'on')."
+    )
     parser.add_argument("--num-prompts", type=int, default=1)
     parser.add_argument("--input-len", type=int, default=128, help="Random prompts' length.")
     parser.add_argument("--output-len", type=int, default=128)
@@ -151,7 +160,7 @@ def _rows(runs: list[dict]) -> list[list[str]]:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     platform_name, device = harness.jax_device()
-    methods = ["none"] + ["ngram"] * (args.async_scheduling != "on")
+    methods = ["none"] + ["ngram"] * (args.async_scheduling != "on" and not args.skip_ngram)
     methods += [method for method, name in _MODEL_METHODS.items() if getattr(args, name)]
     runs = [run(args, workload, method) for workload in args.workloads for method in methods]
     plain = {run["workload"]: run for run in runs if run["method"] == "none"}
