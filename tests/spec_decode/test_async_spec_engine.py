@@ -5,6 +5,7 @@ without speculation (greedy and seeded random sampling), with chunked prefill an
 during the run; the target as its own draft model has every draft accepted, and an EAGLE-3
 head (random weights, drafts mostly rejected) exercises the corrections on almost every step."""
 
+import numpy as np
 import pytest
 
 from tests.helpers.eagle_head import save_eagle3_head
@@ -21,13 +22,27 @@ _PROMPTS = [
     "1 2 3 4 5 6 7 8 9 10 1 2 3 4 5 6 7 8 9 10 1 2 3",
 ] * 2
 _PARAMS = (
-    SamplingParams(max_tokens=48, temperature=0.0),
+    SamplingParams(max_tokens=48, temperature=0.0, logprobs=2),
     SamplingParams(max_tokens=40, temperature=0.8, top_k=50, presence_penalty=0.4, seed=11),
 )
 
 
-def _token_ids(llm: LLM, params: SamplingParams) -> list[list[int]]:
-    return [list(o.outputs[0].token_ids) for o in llm.generate(_PROMPTS, params, use_tqdm=False)]
+def _generate(llm: LLM, params: SamplingParams) -> list:
+    return [o.outputs[0] for o in llm.generate(_PROMPTS, params, use_tqdm=False)]
+
+
+def _assert_same(outputs: list[list], reference: list[list]) -> None:
+    """The same tokens per request, and for the greedy ones (logprobs=2) the same logprobs."""
+    assert [[list(o.token_ids) for o in run] for run in outputs] == [
+        [list(o.token_ids) for o in run] for run in reference
+    ]
+    for output, ref in zip(outputs[0], reference[0]):
+        assert len(output.logprobs) == len(ref.logprobs) == len(ref.token_ids)
+        for position, ref_position in zip(output.logprobs, ref.logprobs):
+            assert position.keys() == ref_position.keys()
+            np.testing.assert_allclose(
+                [p.logprob for p in position.values()], [p.logprob for p in ref_position.values()], atol=1e-4
+            )
 
 
 @pytest.fixture(scope="module")
@@ -36,32 +51,32 @@ def target(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def reference(target) -> list[list[int]]:
+def reference(target) -> list[list]:
     llm = LLM(target, **ENGINE_ARGS)
     try:
-        return [_token_ids(llm, params) for params in _PARAMS]
+        return [_generate(llm, params) for params in _PARAMS]
     finally:
         llm.shutdown()
 
 
 def _run(target: str, speculative_config: dict):
-    """The tokens per sampling params, the spec decode stats after the greedy run, and the
+    """The outputs per sampling params, the spec decode stats after the greedy run, and the
     preemptions of both."""
     llm = LLM(target, speculative_config=speculative_config, async_scheduling=True, **ENGINE_ARGS)
     try:
         scheduler = llm.llm_engine.engine_core.engine_core.scheduler
-        token_ids = [_token_ids(llm, _PARAMS[0])]
+        outputs = [_generate(llm, _PARAMS[0])]
         greedy_stats = scheduler.spec_decoding_stats
-        token_ids.append(_token_ids(llm, _PARAMS[1]))
-        return token_ids, greedy_stats, scheduler.num_preemptions
+        outputs.append(_generate(llm, _PARAMS[1]))
+        return outputs, greedy_stats, scheduler.num_preemptions
     finally:
         llm.shutdown()
 
 
 def test_the_target_as_its_own_draft_has_every_draft_accepted(target, reference):
     config = {"method": "draft_model", "model": target, "num_speculative_tokens": _K}
-    token_ids, greedy_stats, num_preemptions = _run(target, config)
-    assert token_ids == reference
+    outputs, greedy_stats, num_preemptions = _run(target, config)
+    _assert_same(outputs, reference)
     assert num_preemptions > 0
     # Greedy drafts are all accepted (the seeded requests' drafts, the draft model's argmax,
     # only when the target draws them).
@@ -71,6 +86,6 @@ def test_the_target_as_its_own_draft_has_every_draft_accepted(target, reference)
 
 def test_an_eagle3_head_gives_the_outputs_without_speculation(target, reference, tmp_path):
     head = save_eagle3_head(tmp_path / "eagle3", target)
-    token_ids, greedy_stats, _ = _run(target, {"method": "eagle3", "model": head, "num_speculative_tokens": _K})
-    assert token_ids == reference
+    outputs, greedy_stats, _ = _run(target, {"method": "eagle3", "model": head, "num_speculative_tokens": _K})
+    _assert_same(outputs, reference)
     assert greedy_stats.num_drafts > 0
