@@ -107,6 +107,43 @@ class SlidingWindowSpec(AttentionSpec):
 
 
 @dataclasses.dataclass(frozen=True)
+class MLAAttentionSpec(KVCacheSpec):
+    """Multi-head latent attention (DeepSeek-V2/V3): one latent per token, shared by every head.
+
+    A token's latent is its normed compressed KV (`kv_lora_rank` wide) followed by its rotary
+    key part (`qk_rope_head_dim` wide): the keys of the absorbed form, whose first
+    `kv_lora_rank` dims are also the values. Queries attend to every earlier token, so a
+    request keeps all its blocks, as with full attention."""
+
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    dtype: str
+    """Cache element type, as `AttentionSpec.dtype`."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.kv_lora_rank < 1 or self.qk_rope_head_dim < 0:
+            raise ValueError(
+                f"kv_lora_rank must be at least 1 and qk_rope_head_dim at least 0, got "
+                f"{self.kv_lora_rank} and {self.qk_rope_head_dim}."
+            )
+        if self.dtype not in _DTYPE_BYTES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPE_BYTES)}, got {self.dtype!r}.")
+
+    @property
+    def latent_dim(self) -> int:
+        """Elements of one token's cached latent: `kv_lora_rank + qk_rope_head_dim`."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def page_size_bytes(self) -> int:
+        return self.block_size * self.latent_dim * _DTYPE_BYTES[self.dtype]
+
+    def max_num_blocks_per_request(self, max_model_len: int, max_num_batched_tokens: int) -> int:
+        return _cdiv(max_model_len, self.block_size)
+
+
+@dataclasses.dataclass(frozen=True)
 class KVCacheGroupSpec:
     """One KV cache group: the layers that share a block table, and their spec."""
 

@@ -20,6 +20,7 @@ from vjx.config import ModelConfig
 from vjx.models.loader import get_model
 from vjx.sharding.placement import num_cache_kv_heads
 from vjx.sharding.rules import logical_sharding
+from vjx.worker.kv_cache_layout import kv_cache_axes, kv_cache_shape
 
 VOCAB = 296
 MAX_MODEL_LEN = 512
@@ -151,6 +152,63 @@ FAMILIES = {
 }
 """Family name -> a function building its config (the architecture is set by `family_config`)."""
 
+_MLA = dict(kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=24, head_dim=8, num_key_value_heads=4)
+"""DeepSeek's latent attention (its rotary width is transformers' `head_dim`; keys expand to every head)."""
+_DEEPSEEK_MOE = dict(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1)
+
+
+def _deepseek_yarn() -> dict:
+    """DeepSeek-V3's YaRN with mscale_all_dim (which also scales q.k), over an original
+    context the long prompts exceed."""
+    return {
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 4.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 64,
+    }
+
+
+FAMILIES.update(
+    {
+        "deepseek_v2_lite": lambda: transformers.DeepseekV2Config(
+            **{**COMMON, **_MLA},
+            **_DEEPSEEK_MOE,
+            num_hidden_layers=2,
+            q_lora_rank=None,
+            first_k_dense_replace=1,
+            topk_method="greedy",
+        ),
+        "deepseek_v2": lambda: transformers.DeepseekV2Config(
+            **{**COMMON, **_MLA},
+            **_DEEPSEEK_MOE,
+            num_hidden_layers=2,
+            q_lora_rank=24,
+            first_k_dense_replace=0,
+            topk_method="group_limited_greedy",
+            n_group=4,
+            topk_group=1,
+            routed_scaling_factor=2.0,
+        ),
+        "deepseek_v3": lambda: transformers.DeepseekV3Config(
+            **{**COMMON, **_MLA},
+            **_DEEPSEEK_MOE,
+            num_hidden_layers=3,
+            q_lora_rank=24,
+            first_k_dense_replace=1,
+            n_group=4,
+            topk_group=2,
+            norm_topk_prob=True,
+            routed_scaling_factor=2.5,
+            rope_interleave=True,
+            rope_parameters=_deepseek_yarn(),
+        ),
+    }
+)
+
 ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
@@ -164,6 +222,9 @@ ARCHITECTURES = {
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
+    "deepseek_v2_lite": "DeepseekV2ForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
 }
 
 MIN_PROMPT_LEN = {"phi3_longrope": 65}
@@ -210,12 +271,17 @@ class Family:
             return self.hf_model(torch.as_tensor(np.asarray(token_ids))[None]).logits[0].float().numpy()
 
     def caches(self, tensor_parallel_size: int = 1, mesh=None) -> list[jax.Array]:
-        text = self.model_config.hf_text_config
+        """Zeroed caches of every layer, laid out as the engine lays them out for its spec."""
+        text, backend = self.model_config.hf_text_config, ReferenceBackend()
         num_kv_heads = num_cache_kv_heads(text.num_key_value_heads, tensor_parallel_size)
-        shape = ReferenceBackend().kv_cache_shape(NUM_BLOCKS, BLOCK_SIZE, num_kv_heads, text.head_dim)
-        device = jax.devices()[0] if mesh is None else logical_sharding(mesh, ReferenceBackend().kv_cache_axes)
-        zeros = jax.device_put(np.zeros(shape, np.float32), device)
-        return [zeros.copy() for _ in range(text.num_hidden_layers)]
+        specs = self.model.get_kv_cache_spec(BLOCK_SIZE, num_kv_heads, "float32").values()
+        return [
+            jax.device_put(
+                np.zeros(kv_cache_shape(backend, spec, NUM_BLOCKS), np.float32),
+                jax.devices()[0] if mesh is None else logical_sharding(mesh, kv_cache_axes(backend, spec)),
+            )
+            for spec in specs
+        ]
 
     def logits(self, token_ids, seed: int = 0) -> np.ndarray:
         logits, _ = prefill(self.model, token_ids, 0, random_blocks(seed), self.caches())

@@ -1,8 +1,8 @@
 """The pure-jnp paged attention backend: the CPU default and every kernel's oracle.
 
 Legend: T tokens, R request rows, N query heads, K kv heads, G query heads per kv head
-(N = K * G), H head dim, P pages (blocks), S page size, W block-table width, L keys of one
-chunk (C pages * S).
+(N = K * G), H head dim, Hv value dim (H but for MLA), P pages (blocks), S page size, W
+block-table width, L keys of one chunk (C pages * S).
 
 The cache of one layer is one array `[2, P, S, K, H]`: index 0 holds keys, 1 values; flat
 slot `block_id * S + offset` addresses one token's row. An fp8 cache holds k / k_scale and
@@ -14,13 +14,18 @@ softmax, so memory stays `T x L x K x H` per chunk instead of `T x max_model_len
 loop runs only as many chunks as the longest real sequence of the step needs. With attention
 sinks the softmax starts from each head's sink (running max = sink, sum = exp(0) = 1) instead
 of from an empty one, which folds the sink into the denominator at no cost per chunk.
+
+The loop reads the cache through a `PagedKV`, so another layout reuses it: MLA's latent
+cache (vjx/attention/mla.py), whose values are a slice of its keys.
 """
 
 import dataclasses
+from collections.abc import Callable
 from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
+from jax.typing import DTypeLike
 from jaxtyping import Array, Bool, Float, Int
 
 from vjx.attention.metadata import AttentionMetadata
@@ -41,7 +46,19 @@ class _TokenRows:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Scoring:
+class PagedKV:
+    """One layer's paged cache as the softmax loop reads it, whatever the cache's layout."""
+
+    read_chunk: Callable[[Int[Array, "T C"]], tuple[Float[Array, "T L K H"], Float[Array, "T L K Hv"]]]
+    """Each token's keys and values in the C pages whose ids it is given, in the query's dtype."""
+    block_size: int
+    num_kv_heads: int
+    value_dim: int
+    """Hv: the width of one value, which may differ from the key's (MLA)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Scoring:
     """How raw q.k products become logits and which keys each query may see."""
 
     sm_scale: float
@@ -82,45 +99,56 @@ class ReferenceBackend:
         if soft_cap is not None and soft_cap <= 0:
             raise ValueError(f"soft_cap must be > 0 or None, got {soft_cap}.")
         kv_cache = write_kv(kv_cache, k, v, md.slot_mapping, k_scale, v_scale)
-        scoring = _Scoring(sm_scale, sliding_window, soft_cap)
-        out = self._attend(q, kv_cache, md, scoring, kv_scales(k_scale, v_scale), sinks)
+        paged_kv = _paged_kv(kv_cache, kv_scales(k_scale, v_scale), q.dtype)
+        out = self.attend(q, paged_kv, md, Scoring(sm_scale, sliding_window, soft_cap), sinks)
         return out, kv_cache
 
-    def _attend(
+    def attend(
         self,
         q: Float[Array, "T N H"],
-        kv_cache: Float[Array, "2 P S K H"],
+        paged_kv: PagedKV,
         md: AttentionMetadata,
-        scoring: _Scoring,
-        scales: Float[Array, "2"] | None,
-        sinks: Float[Array, " N"] | None,
-    ) -> Float[Array, "T N H"]:
+        scoring: Scoring,
+        sinks: Float[Array, " N"] | None = None,
+    ) -> Float[Array, "T N Hv"]:
+        """Attends every token to its row's keys (already written), chunk by chunk."""
         num_tokens, num_heads, head_dim = q.shape
-        _, _, block_size, num_kv_heads, _ = kv_cache.shape
+        block_size, num_kv_heads = paged_kv.block_size, paged_kv.num_kv_heads
         pages_per_chunk = max(1, self.keys_per_chunk // block_size)
         block_tables = _pad_width(md.block_tables, pages_per_chunk)
         tokens = _token_rows(md, num_tokens)
         q_TKGH = q.reshape(num_tokens, num_kv_heads, num_heads // num_kv_heads, head_dim)
-        chunk_scales = None if scales is None else scales.reshape(2, 1, 1, 1, 1)
 
         def chunk_step(chunk, carry):
             pages_RC = jax.lax.dynamic_slice_in_dim(block_tables, chunk * pages_per_chunk, pages_per_chunk, axis=1)
-            kv_2TLKH = kv_cache[:, pages_RC[tokens.row]].reshape(
-                2, num_tokens, pages_per_chunk * block_size, num_kv_heads, head_dim
-            )
-            if is_quantized(kv_cache.dtype):
-                kv_2TLKH = dequantize(kv_2TLKH, chunk_scales, q.dtype)
+            kv_chunk = paged_kv.read_chunk(pages_RC[tokens.row])
             first_key = chunk * pages_per_chunk * block_size
-            return _online_softmax_step(carry, q_TKGH, kv_2TLKH, first_key, tokens, scoring)
+            return _online_softmax_step(carry, q_TKGH, kv_chunk, first_key, tokens, scoring)
 
-        init = (*_initial_stats(q_TKGH.shape[:-1], sinks), jnp.zeros(q_TKGH.shape, jnp.float32))
+        stats_shape = q_TKGH.shape[:-1]
+        init = (*_initial_stats(stats_shape, sinks), jnp.zeros((*stats_shape, paged_kv.value_dim), jnp.float32))
         max_chunks = block_tables.shape[1] // pages_per_chunk
         num_chunks = _num_chunks(md, pages_per_chunk * block_size, max_chunks)
-        _, l_TKG, acc_TKGH = jax.lax.fori_loop(0, num_chunks, chunk_step, init)
+        _, l_TKG, acc_TKGHv = jax.lax.fori_loop(0, num_chunks, chunk_step, init)
         # Tokens that see no key (padding) have acc == 0, and l == 0 unless sinks: they get 0, not NaN.
         safe_l = jnp.where(l_TKG > 0, l_TKG, 1.0)[..., None]
-        out_TKGH = jnp.where(l_TKG[..., None] > 0, acc_TKGH / safe_l, 0.0)
-        return out_TKGH.reshape(q.shape).astype(q.dtype)
+        out_TKGHv = jnp.where(l_TKG[..., None] > 0, acc_TKGHv / safe_l, 0.0)
+        return out_TKGHv.reshape(num_tokens, num_heads, paged_kv.value_dim).astype(q.dtype)
+
+
+def _paged_kv(kv_cache: Float[Array, "2 P S K H"], scales: Float[Array, "2"] | None, dtype: DTypeLike) -> PagedKV:
+    """The `[2, P, S, K, H]` cache's reader; an fp8 chunk is dequantized to `dtype` as it is read."""
+    _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
+    chunk_scales = None if scales is None else scales.reshape(2, 1, 1, 1, 1)
+
+    def read_chunk(pages_TC):
+        num_tokens, num_pages = pages_TC.shape
+        kv_2TLKH = kv_cache[:, pages_TC].reshape(2, num_tokens, num_pages * block_size, num_kv_heads, head_dim)
+        if is_quantized(kv_cache.dtype):
+            kv_2TLKH = dequantize(kv_2TLKH, chunk_scales, dtype)
+        return kv_2TLKH[0], kv_2TLKH[1]
+
+    return PagedKV(read_chunk, block_size, num_kv_heads, head_dim)
 
 
 def write_kv(
@@ -179,26 +207,27 @@ def _initial_stats(stats_shape: tuple[int, ...], sinks: Float[Array, " N"] | Non
 def _online_softmax_step(
     carry: tuple[Array, Array, Array],
     q_TKGH: Float[Array, "T K G H"],
-    kv_2TLKH: Float[Array, "2 T L K H"],
+    kv_chunk: tuple[Float[Array, "T L K H"], Float[Array, "T L K Hv"]],
     first_key: Int[Array, ""],
     tokens: _TokenRows,
-    scoring: _Scoring,
+    scoring: Scoring,
 ) -> tuple[Array, Array, Array]:
     """Folds one chunk of keys into the running max m, sum l and output acc (all float32)."""
-    m_TKG, l_TKG, acc_TKGH = carry
-    s_TKGL = jnp.einsum("tkgh,tlkh->tkgl", q_TKGH, kv_2TLKH[0], preferred_element_type=jnp.float32)
+    m_TKG, l_TKG, acc_TKGHv = carry
+    k_TLKH, v_TLKHv = kv_chunk
+    s_TKGL = jnp.einsum("tkgh,tlkh->tkgl", q_TKGH, k_TLKH, preferred_element_type=jnp.float32)
     s_TKGL = s_TKGL * scoring.sm_scale
     if scoring.soft_cap is not None:
         s_TKGL = scoring.soft_cap * jnp.tanh(s_TKGL / scoring.soft_cap)
-    is_visible = _visible_keys(first_key, kv_2TLKH.shape[2], tokens, scoring.sliding_window)
+    is_visible = _visible_keys(first_key, k_TLKH.shape[1], tokens, scoring.sliding_window)
     is_visible = is_visible[:, None, None, :]
     s_TKGL = jnp.where(is_visible, s_TKGL, _MASK_VALUE)
     m_new = jnp.maximum(m_TKG, s_TKGL.max(axis=-1))
     p_TKGL = jnp.where(is_visible, jnp.exp(s_TKGL - m_new[..., None]), 0.0)
     alpha = jnp.exp(m_TKG - m_new)
     l_new = l_TKG * alpha + p_TKGL.sum(axis=-1)
-    pv_TKGH = jnp.einsum("tkgl,tlkh->tkgh", p_TKGL, kv_2TLKH[1].astype(jnp.float32))
-    return m_new, l_new, acc_TKGH * alpha[..., None] + pv_TKGH
+    pv_TKGHv = jnp.einsum("tkgl,tlkv->tkgv", p_TKGL, v_TLKHv.astype(jnp.float32))
+    return m_new, l_new, acc_TKGHv * alpha[..., None] + pv_TKGHv
 
 
 def _visible_keys(

@@ -12,10 +12,11 @@ from collections.abc import Sequence
 from vjx.core.block_pool import BlockPool
 from vjx.core.kv_cache_utils import BlockHash, KVCacheBlock
 from vjx.core.single_type_kv_cache_manager import (
+    FullAttentionManager,
     SingleTypeKVCacheManager,
     get_manager_for_kv_cache_spec,
 )
-from vjx.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, KVCacheSpec
+from vjx.kv_cache_interface import KVCacheGroupSpec, KVCacheSpec
 
 
 class KVCacheCoordinator(abc.ABC):
@@ -131,11 +132,12 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         group_ids_by_spec: dict[KVCacheSpec, list[int]] = {}
         for group_id, group in enumerate(kv_cache_groups):
             group_ids_by_spec.setdefault(group.kv_cache_spec, []).append(group_id)
-        specs = sorted(group_ids_by_spec, key=lambda s: not isinstance(s, FullAttentionSpec))
+        attention_groups = [(self.single_type_managers[ids[0]], tuple(ids)) for ids in group_ids_by_spec.values()]
         self.attention_groups = tuple(
-            (self.single_type_managers[group_ids_by_spec[spec][0]], tuple(group_ids_by_spec[spec])) for spec in specs
+            sorted(attention_groups, key=lambda group: not isinstance(group[0], FullAttentionManager))
         )
-        """(a manager of the type, the ids of the groups of that spec), full attention first."""
+        """(a manager of the type, the ids of the groups of that spec), full attention (and
+        MLA) first."""
 
     def find_longest_cache_hit(
         self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int

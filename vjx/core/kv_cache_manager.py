@@ -12,6 +12,7 @@ from vjx.core.kv_cache_utils import (
     hash_request_tokens,
 )
 from vjx.core.request import Request
+from vjx.core.single_type_kv_cache_manager import FullAttentionManager
 from vjx.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec
 
 
@@ -73,9 +74,12 @@ class KVCacheManager:
         self.hash_fn = get_hash_fn_by_name(hash_algo)
         self.coordinator = get_kv_cache_coordinator(kv_cache_groups, num_gpu_blocks, enable_caching)
         self.block_pool: BlockPool = self.coordinator.block_pool
-        is_full_attention_only = all(type(group.kv_cache_spec) is FullAttentionSpec for group in kv_cache_groups)
+        is_full_attention_only = all(
+            isinstance(manager, FullAttentionManager) for manager in self.coordinator.single_type_managers
+        )
         self._full_attention_manager = self.coordinator.single_type_managers[0] if is_full_attention_only else None
-        """Group 0's manager when every group is full attention (the decode fast path's)."""
+        """Group 0's manager when every group keeps all its blocks (full attention or MLA; the
+        decode fast path's)."""
         self.empty_kv_cache_blocks = KVCacheBlocks(self.coordinator.empty_blocks())
         """No blocks in any group: one shared instance (callers never mutate it), since most
         decode steps allocate nothing for most requests."""

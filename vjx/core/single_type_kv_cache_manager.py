@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from vjx.core.block_pool import BlockPool
 from vjx.core.kv_cache_utils import BlockHash, KVCacheBlock
-from vjx.kv_cache_interface import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
+from vjx.kv_cache_interface import FullAttentionSpec, KVCacheSpec, MLAAttentionSpec, SlidingWindowSpec
 
 
 class SingleTypeKVCacheManager(abc.ABC):
@@ -106,7 +106,8 @@ class SingleTypeKVCacheManager(abc.ABC):
 
 
 class FullAttentionManager(SingleTypeKVCacheManager):
-    """Every block is needed until the request ends; any cached prefix is a hit."""
+    """Every block is needed until the request ends; any cached prefix is a hit (full
+    attention and MLA layers)."""
 
     def find_longest_cache_hit(
         self, block_hashes: Sequence[BlockHash], max_length: int, kv_cache_group_ids: Sequence[int]
@@ -194,6 +195,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
 
 _MANAGER_BY_SPEC = {
     FullAttentionSpec: FullAttentionManager,
+    MLAAttentionSpec: FullAttentionManager,
     SlidingWindowSpec: SlidingWindowManager,
 }
 

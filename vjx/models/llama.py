@@ -21,7 +21,7 @@ from vjx.models.layers.norm import RMSNorm
 class LlamaDecoderLayer(nnx.Module):
     """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, args: DecoderArgs, self_attn: Attention, mlp: nnx.Module, *, dtype):
+    def __init__(self, args: DecoderArgs, self_attn: nnx.Module, mlp: nnx.Module, *, dtype):
         eps = args.rms_norm_eps
         self.input_layernorm = RMSNorm(args.hidden_size, eps=eps, dtype=dtype)
         self.self_attn = self_attn

@@ -4,6 +4,7 @@ from typing import Any
 
 from flax import nnx
 
+from vjx.models.deepseek_v2 import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from vjx.models.gemma2 import Gemma2ForCausalLM
 from vjx.models.gemma3 import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
 from vjx.models.gpt_oss import GptOssForCausalLM
@@ -35,6 +36,8 @@ _MODELS: dict[str, type[nnx.Module]] = {
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
     "GptOssForCausalLM": GptOssForCausalLM,
+    "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
+    "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
 }
 
 
@@ -70,11 +73,15 @@ def verify_tensor_parallel(hf_config: Any, tensor_parallel_size: int, enable_exp
         "intermediate_size": hf_config.intermediate_size,
         "vocab_size": hf_config.vocab_size,
     }
-    if getattr(hf_config, "num_experts", None):
+    # DeepSeek names its routed experts `n_routed_experts`, and has shared ones beside them.
+    num_experts = getattr(hf_config, "num_experts", None) or getattr(hf_config, "n_routed_experts", None)
+    if num_experts:
         if enable_expert_parallel:
-            sizes["num_experts"] = hf_config.num_experts
+            sizes["num_experts"] = num_experts
         elif getattr(hf_config, "moe_intermediate_size", None):
             sizes["moe_intermediate_size"] = hf_config.moe_intermediate_size
+    if getattr(hf_config, "n_shared_experts", None):
+        sizes["moe_intermediate_size * n_shared_experts"] = hf_config.moe_intermediate_size * hf_config.n_shared_experts
     for name, size in sizes.items():
         if size % tensor_parallel_size:
             raise ValueError(

@@ -22,7 +22,6 @@ from vjx.attention.sharded import ShardedBackend
 from vjx.config import VjxConfig
 from vjx.core.sched.output import SchedulerOutput
 from vjx.kv_cache_interface import (
-    AttentionSpec,
     KVCacheConfig,
     KVCacheSpec,
     get_kv_cache_groups,
@@ -36,6 +35,7 @@ from vjx.sharding.placement import filled, num_cache_kv_heads
 from vjx.sharding.rules import logical_sharding
 from vjx.spec_decode.config import EAGLE_METHODS
 from vjx.worker.executable_cache import ExecutableCache
+from vjx.worker.kv_cache_layout import kv_cache_axes, kv_cache_shape
 from vjx.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -68,10 +68,11 @@ class Worker:
         self.kv_cache_groups = get_kv_cache_groups(self.kv_cache_specs)
         self.draft_model, self.draft_kv_cache_specs = self._load_draft_model()
         self.layer_ranges = stage_layer_ranges(len(self.kv_cache_specs), len(self.stage_meshes))
+        specs = list(self.kv_cache_specs.values())
         self.kv_cache_shardings = [
-            logical_sharding(self.stage_meshes[stage], self.backend.kv_cache_axes)
+            logical_sharding(self.stage_meshes[stage], kv_cache_axes(self.backend, specs[i]))
             for stage, layers in enumerate(self.layer_ranges)
-            for _ in layers
+            for i in layers
         ]
         self.model_runner: ModelRunner | None = None
         self.kv_cache_config: KVCacheConfig | None = None
@@ -118,8 +119,8 @@ class Worker:
         logger.info("loaded the draft model %s", spec.draft_model_config.model)
         return model, specs
 
-    def _kv_cache_shape(self, spec: AttentionSpec, num_blocks: int) -> tuple[int, ...]:
-        return self.backend.kv_cache_shape(num_blocks, spec.block_size, spec.num_kv_heads, spec.head_size)
+    def _kv_cache_shape(self, spec: KVCacheSpec, num_blocks: int) -> tuple[int, ...]:
+        return kv_cache_shape(self.backend, spec, num_blocks)
 
     def get_kv_block_bytes(self) -> int:
         """Bytes one KV block id takes on the fullest device: its stage's layers, its share of

@@ -150,6 +150,13 @@ class FusedMoE(nnx.Module, HFParamLayer):
 
     def __call__(self, x: Float[Array, "T D"], router_logits: Float[Array, "T E"]) -> Float[Array, "T D"]:
         weights_TK, ids_TK = select_experts(router_logits, self.top_k, renormalize=self.renormalize)
+        return self.forward_routed(x, weights_TK, ids_TK)
+
+    def forward_routed(
+        self, x: Float[Array, "T D"], weights_TK: Float[Array, "T K"], ids_TK: Int[Array, "T K"]
+    ) -> Float[Array, "T D"]:
+        """The experts' output for routing a block chose itself (DeepSeek's grouped top-k):
+        each token's K experts `ids_TK`, weighted by `weights_TK` (float32)."""
         params = {name: getattr(self, name) for name in _GEMM_PARAMS if getattr(self, name, None) is not None}
         out_TD = _sharded_experts(
             x, weights_TK, ids_TK, params, activation=self.activation, expert_parallel=self.expert_parallel

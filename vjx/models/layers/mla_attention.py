@@ -1,0 +1,169 @@
+"""Multi-head latent attention (MLA), DeepSeek-V2/V3's: one cached latent per token.
+
+Legend: T tokens, D hidden, N heads, Q q_lora_rank, R kv_lora_rank, P qk_nope_head_dim,
+E qk_rope_head_dim, V v_head_dim.
+
+Keys and values come from one compressed vector per token, c_kv = norm(x W_DKV) [R], plus a
+rotary key k_pe [E] shared by every head; the cache keeps [c_kv, k_pe] (R + E values a token
+and layer, vjx/attention/mla.py) instead of per-head keys and values. Attention runs in the
+absorbed form for every token: each head's query without rotary part is taken into the
+latent space (q_nope W_UK: [R]), scored against the cached latents together with its rotary
+part, and the softmax-weighted latents leave through W_UV ([R] -> [V]) into the output
+projection. W_UK and W_UV are the two halves of `kv_b_proj`'s kernel [R, N, P + V]. This is
+the same product as expanding every cached latent into per-head keys and values (what
+transformers does), with the cache R + E wide instead of N * (P + E + V).
+
+DeepSeek lays the rotary dimensions out in interleaved pairs (`rope_interleave`; always in
+V2): the loader reorders those output columns of the query and latent projections to
+(evens, odds), after which the usual half-split rotation is the same rotation; q.k is
+unchanged because query and key are reordered alike.
+"""
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jaxtyping import Array, Float, Int
+
+from vjx.attention.metadata import AttentionMetadata
+from vjx.attention.mla import mla_attention
+from vjx.kv_cache_interface import KVCacheSpec, MLAAttentionSpec
+from vjx.models.layers.linear import Linear
+from vjx.models.layers.norm import RMSNorm
+from vjx.models.layers.rotary import RotaryEmbedding
+
+
+@dataclasses.dataclass(frozen=True)
+class MLAArgs:
+    """One MLA layer's shape, as DeepSeek's config gives it."""
+
+    hidden_size: int
+    num_heads: int
+    q_lora_rank: int | None
+    """None (V2-Lite): the query is one projection of x."""
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    sm_scale: float
+    rope_interleave: bool
+    attention_bias: bool
+    rms_norm_eps: float
+
+    @classmethod
+    def from_hf_config(cls, hf_config: Any, *, rope_interleave: bool) -> "MLAArgs":
+        qk_head_dim = hf_config.qk_nope_head_dim + hf_config.qk_rope_head_dim
+        return cls(
+            hidden_size=hf_config.hidden_size,
+            num_heads=hf_config.num_attention_heads,
+            q_lora_rank=hf_config.q_lora_rank,
+            kv_lora_rank=hf_config.kv_lora_rank,
+            qk_nope_head_dim=hf_config.qk_nope_head_dim,
+            qk_rope_head_dim=hf_config.qk_rope_head_dim,
+            v_head_dim=hf_config.v_head_dim,
+            sm_scale=_yarn_softmax_scale(hf_config, qk_head_dim**-0.5),
+            rope_interleave=rope_interleave,
+            attention_bias=getattr(hf_config, "attention_bias", False),
+            rms_norm_eps=hf_config.rms_norm_eps,
+        )
+
+
+def _yarn_softmax_scale(hf_config: Any, scale: float) -> float:
+    """DeepSeek's YaRN also scales q.k by mscale(factor, mscale_all_dim)^2."""
+    params = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
+    mscale_all_dim = params.get("mscale_all_dim")
+    if params.get("rope_type", "default") == "default" or not mscale_all_dim:
+        return scale
+    factor = params["factor"]
+    mscale = 1.0 if factor <= 1 else 0.1 * mscale_all_dim * np.log(factor) + 1.0
+    return scale * mscale * mscale
+
+
+class RopeColumnsLinear(Linear):
+    """A projection whose trailing `rope_dim` output columns (of each head, for a kernel
+    with a head axis) hold interleaved rotary pairs: the loader reorders them to (evens,
+    odds) when `interleaved`."""
+
+    def __init__(self, *args, rope_dim: int, interleaved: bool, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rope_dim = rope_dim
+        self.interleaved = interleaved
+
+    def to_param_layout(self, attr: str, tensors: Sequence[np.ndarray]) -> np.ndarray:
+        param = super().to_param_layout(attr, tensors)
+        if not self.interleaved:
+            return param
+        width = param.shape[-1]
+        rope = np.arange(width - self.rope_dim, width)
+        order = np.concatenate([np.arange(width - self.rope_dim), rope[0::2], rope[1::2]])
+        return param[..., order]
+
+
+class MLAAttention(nnx.Module):
+    """DeepSeek's attention over a latent cache (see the module docstring)."""
+
+    def __init__(self, args: MLAArgs, rotary: RotaryEmbedding, *, dtype, rngs):
+        D, N, R, P, E, V = (
+            args.hidden_size,
+            args.num_heads,
+            args.kv_lora_rank,
+            args.qk_nope_head_dim,
+            args.qk_rope_head_dim,
+            args.v_head_dim,
+        )
+        rope = dict(rope_dim=E, interleaved=args.rope_interleave, dtype=dtype, rngs=rngs)
+        if args.q_lora_rank is None:
+            self.q_proj = RopeColumnsLinear(
+                "TD,DNH->TNH", (D, N, P + E), ("embed", "heads", None), use_bias=False, **rope
+            )
+        else:
+            Q = args.q_lora_rank
+            self.q_a_proj = Linear(
+                "TD,DQ->TQ", (D, Q), ("embed", None), use_bias=args.attention_bias, dtype=dtype, rngs=rngs
+            )
+            self.q_a_layernorm = RMSNorm(Q, eps=args.rms_norm_eps, dtype=dtype)
+            self.q_b_proj = RopeColumnsLinear(
+                "TQ,QNH->TNH", (Q, N, P + E), (None, "heads", None), use_bias=False, **rope
+            )
+        self.kv_a_proj_with_mqa = RopeColumnsLinear(
+            "TD,DL->TL", (D, R + E), ("embed", None), use_bias=args.attention_bias, **rope
+        )
+        self.kv_a_layernorm = RMSNorm(R, eps=args.rms_norm_eps, dtype=dtype)
+        self.kv_b_proj = Linear(
+            "TR,RNH->TNH", (R, N, P + V), (None, "heads", None), use_bias=False, dtype=dtype, rngs=rngs
+        )
+        self.o_proj = Linear(
+            "TNV,NVD->TD", (N, V, D), ("heads", None, "embed"), use_bias=args.attention_bias, dtype=dtype, rngs=rngs
+        )
+        self.rotary = rotary
+        self.args = args
+
+    def __call__(
+        self, x: Float[Array, "T D"], positions: Int[Array, " T"], kv_cache: Array, md: AttentionMetadata
+    ) -> tuple[Float[Array, "T D"], Array]:
+        args = self.args
+        P, R = args.qk_nope_head_dim, args.kv_lora_rank
+        if args.q_lora_rank is None:
+            q_TNH = self.q_proj(x)
+        else:
+            q_TNH = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        kv_TL = self.kv_a_proj_with_mqa(x)
+        c_kv_TR = self.kv_a_layernorm(kv_TL[:, :R])
+        k_pe_T1E = self.rotary(kv_TL[:, None, R:], positions)
+        q_pe_TNE = self.rotary(q_TNH[..., P:], positions)
+        w_uk_RNP, w_uv_RNV = self.kv_b_proj.kernel[:, :, :P], self.kv_b_proj.kernel[:, :, P:]
+        q_latent_TNR = jnp.einsum("tnp,rnp->tnr", q_TNH[..., :P], w_uk_RNP)
+        q_TNL = jnp.concatenate([q_latent_TNR, q_pe_TNE], axis=-1)
+        latent_TL = jnp.concatenate([c_kv_TR, k_pe_T1E[:, 0]], axis=-1)
+        out_TNR, kv_cache = mla_attention(q_TNL, latent_TL, kv_cache, md, sm_scale=args.sm_scale, kv_lora_rank=R)
+        out_TNV = jnp.einsum("tnr,rnv->tnv", out_TNR, w_uv_RNV)
+        return self.o_proj(out_TNV), kv_cache
+
+    def get_kv_cache_spec(self, block_size: int, num_kv_heads: int, dtype: str) -> KVCacheSpec:
+        """One latent a token, whatever the heads (`num_kv_heads` is not read)."""
+        if dtype.startswith("float8"):
+            raise ValueError("kv_cache_dtype='fp8' with an MLA model (DeepSeek) is not built yet; use 'auto'.")
+        return MLAAttentionSpec(block_size, self.args.kv_lora_rank, self.args.qk_rope_head_dim, dtype)
