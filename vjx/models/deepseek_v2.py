@@ -2,9 +2,13 @@
 (vjx/models/layers/mla_attention.py) and, past the first `first_k_dense_replace` layers,
 DeepSeek's sparse MoE block with shared experts (vjx/models/layers/deepseek_moe.py); Llama's
 pre-norm layers otherwise. V2 always lays its rotary pairs out interleaved, V3 when
-`rope_interleave` says so."""
+`rope_interleave` says so.
 
-from typing import ClassVar
+Of quantized checkpoints, vjx loads block-wise FP8 (DeepSeek-V3's and R1's own format), whose
+kv_b_proj MLA dequantizes at load (vjx/models/layers/mla_attention.py); other schemes are
+refused, since nothing checks they leave kv_b_proj's kernel readable."""
+
+from typing import Any, ClassVar
 
 from flax import nnx
 
@@ -21,11 +25,7 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
 
     def make_attention(self, ctx: BuildContext, layer_idx: int) -> MLAAttention:
         hf_config = ctx.hf_config
-        if getattr(hf_config, "quantization_config", None):
-            raise ValueError(
-                "quantized DeepSeek checkpoints (quantization_config, e.g. DeepSeek-V3's block-wise FP8) are not "
-                "built yet: MLA reads kv_b_proj's kernel whole; use a bfloat16 checkpoint."
-            )
+        check_quantization(hf_config)
         interleave = getattr(hf_config, "rope_interleave", None)
         args = MLAArgs.from_hf_config(
             hf_config, rope_interleave=self.ROPE_INTERLEAVE_DEFAULT if interleave is None else interleave
@@ -44,3 +44,18 @@ class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
     # V3's and R1's checkpoints (61 layers) store the multi-token-prediction layer as layer
     # 61, which only `mtp` speculation (not built) reads.
     CHECKPOINT_PREFIXES = {"model.layers.61.": None}
+
+
+def check_quantization(hf_config: Any) -> None:
+    """Refuses a quantized checkpoint other than block-wise FP8 (`quant_method` "fp8" with
+    `weight_block_size`). Quantizing at load (`quantization="fp8"` / `"ptpc_fp8"`) leaves
+    kv_b_proj in the model dtype and needs no check here."""
+    config = dict(getattr(hf_config, "quantization_config", None) or {})
+    method, block = config.get("quant_method"), config.get("weight_block_size")
+    if config and (method != "fp8" or not block):
+        raise ValueError(
+            "vjx loads quantized DeepSeek checkpoints in block-wise FP8 only (quant_method 'fp8' with "
+            f"weight_block_size, as DeepSeek-V3 ships); this one has quant_method {method!r}"
+            f"{'' if block else ' without weight_block_size'}. Per-tensor FP8, AWQ, GPTQ, compressed-tensors and "
+            "MXFP4 DeepSeek checkpoints are not built: MLA reads kv_b_proj's kernel as plain weights."
+        )

@@ -11,7 +11,14 @@ scales `weight_scale_inv` per 128x128 block, as DeepSeek and Qwen FP8 checkpoint
 MoE experts quantized at load store FP8 weights with a scale per expert and output channel
 ("ptpc_fp8") or per expert and projection ("fp8", as vLLM's per-expert scales); the grouped
 GEMMs take the activations in the model dtype (W8A16, as vLLM runs FP8 experts on GPUs
-without FP8 tensor cores). FP8 MoE checkpoints are not loaded yet and are refused.
+without FP8 tensor cores). Block-wise FP8 MoE checkpoints keep their experts in FP8
+(vjx/quantization/fp8_moe.py); per-tensor FP8 MoE checkpoints are not loaded yet and are
+refused.
+
+A layer whose kernel the model reads as a plain array instead of calling the layer
+(`DEQUANTIZE_AT_LOAD`: MLA's kv_b_proj, whose halves are W_UK and W_UV) is never quantized
+at load, and a block-wise checkpoint's FP8 kernel is dequantized to the model dtype as it
+loads (as vLLM's MLA does).
 """
 
 import dataclasses
@@ -29,12 +36,14 @@ from vjx.quantization.base import (
     FusedMoEMethod,
     LinearMethod,
     QuantizationConfig,
+    UnquantizedLinearMethod,
     abstract_param,
     add_bias,
     flat_shapes,
     is_layer_skipped,
     out_axes,
 )
+from vjx.quantization.fp8_moe import BlockFp8MoEMethod
 from vjx.quantization.w8a8 import FP8_DTYPE, MIN_SCALE, W8A8LinearMethod, quant_max, quantize, w8a8_matmul
 
 ACTIVATION_SCHEMES = ("dynamic", "static")
@@ -81,19 +90,35 @@ class Fp8Config(QuantizationConfig):
     def get_quant_method(self, layer: nnx.Module, prefix: str) -> LinearMethod | None:
         if prefix == "lm_head" or is_layer_skipped(layer, prefix, self.ignored_layers):
             return None
+        if getattr(layer, "DEQUANTIZE_AT_LOAD", False):
+            return self._dequantized_method(prefix)
         if not self.is_checkpoint_fp8_serialized:
             return Fp8OnlineLinearMethod(self.per_channel)
         if self.weight_block_size is not None:
             return BlockFp8LinearMethod(self.weight_block_size, "weight_scale_inv")
         return W8A8LinearMethod("float8_e4m3fn", static_input_scale=self.activation_scheme == "static")
 
-    def get_moe_method(self, layer: nnx.Module, prefix: str) -> FusedMoEMethod | None:
-        if self.is_checkpoint_fp8_serialized:
+    def _dequantized_method(self, prefix: str) -> LinearMethod | None:
+        """The method of a `DEQUANTIZE_AT_LOAD` layer: none at load (the kernel stays in the
+        model dtype), a block-wise checkpoint's dequantized as it loads."""
+        if not self.is_checkpoint_fp8_serialized:
+            return None
+        if self.weight_block_size is None:
             raise ValueError(
-                f"FP8 checkpoints of MoE models are not loaded by vjx yet ({prefix}); load the bf16 "
-                "checkpoint with quantization='fp8' to store the experts in FP8."
+                f"{prefix} is read as a plain kernel, which vjx dequantizes at load from block-wise FP8 checkpoints "
+                "(weight_block_size) only; this checkpoint is FP8 per tensor."
             )
-        return Fp8OnlineMoEMethod(self.per_channel)
+        return DequantizedBlockFp8LinearMethod(self.weight_block_size, "weight_scale_inv")
+
+    def get_moe_method(self, layer: nnx.Module, prefix: str) -> FusedMoEMethod | None:
+        if not self.is_checkpoint_fp8_serialized:
+            return Fp8OnlineMoEMethod(self.per_channel)
+        if self.weight_block_size is None:
+            raise ValueError(
+                f"FP8 checkpoints of MoE models are not loaded by vjx per tensor, only block-wise (weight_block_size) "
+                f"({prefix}); load the bf16 checkpoint with quantization='fp8' to store the experts in FP8."
+            )
+        return BlockFp8MoEMethod(self.weight_block_size)
 
 
 class PtpcFp8Config(Fp8Config):
@@ -228,3 +253,37 @@ class BlockFp8LinearMethod(LinearMethod):
         w_GKO = layer.kernel[...].reshape(scale_GO.shape[0], -1, scale_GO.shape[2]).astype(jnp.float32) * scale_GO
         y_BO = jnp.dot(x_BI, w_GKO.reshape(x_BI.shape[1], -1).astype(x.dtype))
         return add_bias(layer, y_BO.reshape(*batch_shape, *out_shape))
+
+
+@dataclasses.dataclass(frozen=True)
+class DequantizedBlockFp8LinearMethod(BlockFp8LinearMethod):
+    """Loads a block-wise FP8 kernel and its scales, then stores the kernel dequantized in the
+    model dtype (the loader casts the FP8 values to it exactly; the scales are dropped): for a
+    layer the model reads as a plain kernel."""
+
+    def create_weights(self, layer: nnx.Module) -> None:
+        model_dtype, axes = layer.kernel.dtype, logical_axes_of(layer.kernel)
+        super().create_weights(layer)
+        layer.kernel = abstract_param(layer.kernel.shape, model_dtype, axes)
+
+    def process_weights_after_loading(self, layer: nnx.Module, sharding_of) -> None:
+        axes = logical_axes_of(layer.kernel)
+        kernel = _dequantize_fn(sharding_of(axes))(layer.kernel[...], layer.weight_scale[...])
+        layer.kernel = logical_param(kernel, axes)
+        layer.weight_scale = None
+
+    def apply(self, layer: nnx.Module, x: Float[Array, "..."]) -> Float[Array, "..."]:
+        return UnquantizedLinearMethod().apply(layer, x)
+
+
+@functools.cache
+def _dequantize_fn(kernel_sharding):
+    """(kernel [*in, *out], scales [in / k, *out]) -> each block of k input rows times its
+    scale, in the kernel's dtype, on the devices."""
+
+    def dequantize(kernel, scale):
+        scale_GO = scale.reshape(scale.shape[0], 1, -1)
+        w_GKO = kernel.reshape(scale_GO.shape[0], -1, scale_GO.shape[2]).astype(jnp.float32) * scale_GO
+        return w_GKO.reshape(kernel.shape).astype(kernel.dtype)
+
+    return jax.jit(dequantize, out_shardings=kernel_sharding)

@@ -95,8 +95,9 @@ class FusedMoE(nnx.Module, HFParamLayer):
     them, and a family whose checkpoint stores the experts otherwise overrides
     `checkpoint_tensors` and `checkpoint_layout`. The quantization method (vLLM's
     `FusedMoEMethodBase`; unquantized by default) may rename those tensors, store the
-    weights otherwise (w13_scale [E, 2, F] and w2_scale [E, D] with FP8 weights) and turn
-    the tensors it loads into the unquantized layout first."""
+    weights otherwise (w13_scale [E, 2, F] and w2_scale [E, D] with FP8 weights, or block
+    scales w13_scale_inv [E, D / k, 2, F] and w2_scale_inv [E, F / k, D]) and turn the tensors
+    it loads into the unquantized layout first."""
 
     EXPERT_PARTS: Sequence[str] = ("gate_proj", "up_proj", "down_proj")
     quant_method: FusedMoEMethod = UnquantizedFusedMoEMethod()
@@ -168,7 +169,7 @@ class FusedMoE(nnx.Module, HFParamLayer):
         return out_TD
 
 
-_GEMM_PARAMS = ("w13", "w2", "w13_bias", "w13_scale", "w2_scale")
+_GEMM_PARAMS = ("w13", "w2", "w13_bias", "w13_scale", "w2_scale", "w13_scale_inv", "w2_scale_inv")
 """The params `fused_experts` takes, by its argument names."""
 
 
@@ -206,6 +207,8 @@ def fused_experts(
     w13_bias: Float[Array, "E 2 F"] | None = None,
     w13_scale: Float[Array, "E 2 F"] | None = None,
     w2_scale: Float[Array, "E D"] | None = None,
+    w13_scale_inv: Float[Array, "E _ 2 F"] | None = None,
+    w2_scale_inv: Float[Array, "E _ D"] | None = None,
     *,
     activation: str,
     first_expert: int | Array = 0,
@@ -217,7 +220,9 @@ def fused_experts(
     weights (a gather of M experts, the bytes the step must move anyway); otherwise the pairs
     are sorted by expert and each projection is one `ragged_dot` over all E experts. Weights
     of another dtype than x (FP8) are converted to x's for the GEMM; their scales, one per
-    expert and output channel, multiply the GEMM's output rows."""
+    expert and output channel, multiply the GEMM's output rows; block scales (`*_scale_inv`,
+    one per input block of the weight and output channel) multiply the weights as the GEMM
+    reads them."""
     num_tokens, top_k = ids_TK.shape
     num_experts, hidden, _, width = w13.shape
     dtype = x_TD.dtype
@@ -227,13 +232,14 @@ def fused_experts(
         order_M, expert_M, x_MD, project = _gathered_pairs(x_TD, local_M, top_k, num_experts)
     else:
         order_M, expert_M, x_MD, project = _grouped_pairs(x_TD, local_M, is_local_M, top_k, num_experts)
-    gate_up_M2F = project(x_MD, w13.reshape(num_experts, hidden, 2 * width)).reshape(-1, 2, width)
+    scale_inv_EGO = None if w13_scale_inv is None else w13_scale_inv.reshape(num_experts, -1, 2 * width)
+    gate_up_M2F = project(x_MD, w13.reshape(num_experts, hidden, 2 * width), scale_inv_EGO).reshape(-1, 2, width)
     if w13_scale is not None:
         gate_up_M2F = gate_up_M2F * jnp.take(w13_scale, expert_M, axis=0).astype(dtype)
     if w13_bias is not None:
         gate_up_M2F = gate_up_M2F + jnp.take(w13_bias, expert_M, axis=0)
     h_MF = GATED_ACTIVATIONS[activation](gate_up_M2F[:, 0], gate_up_M2F[:, 1])
-    y_MD = project(h_MF.astype(dtype), w2)
+    y_MD = project(h_MF.astype(dtype), w2, w2_scale_inv)
     if w2_scale is not None:
         y_MD = y_MD * jnp.take(w2_scale, expert_M, axis=0).astype(dtype)
     if order_M is not None:
@@ -249,8 +255,10 @@ def _gathered_pairs(x_TD, local_M, top_k, num_experts):
     expert_M = jnp.clip(local_M, 0, num_experts - 1)
     x_MD = jnp.repeat(x_TD, top_k, axis=0)
 
-    def project(h_MI, w_EIO):
-        return jnp.einsum("MI,MIO->MO", h_MI, jnp.take(w_EIO, expert_M, axis=0).astype(h_MI.dtype))
+    def project(h_MI, w_EIO, scale_inv_EGO=None):
+        w_MIO = jnp.take(w_EIO, expert_M, axis=0)
+        scale_inv_MGO = None if scale_inv_EGO is None else jnp.take(scale_inv_EGO, expert_M, axis=0)
+        return jnp.einsum("MI,MIO->MO", h_MI, _dequantized(w_MIO, scale_inv_MGO, h_MI.dtype))
 
     return None, expert_M, x_MD, project
 
@@ -266,7 +274,18 @@ def _grouped_pairs(x_TD, local_M, is_local_M, top_k, num_experts):
     expert_M = jnp.minimum(jnp.take(group_M, order_M), num_experts - 1)
     x_MD = jnp.take(x_TD, order_M // top_k, axis=0)
 
-    def project(h_MI, w_EIO):
-        return jax.lax.ragged_dot(h_MI, w_EIO.astype(h_MI.dtype), group_sizes)
+    def project(h_MI, w_EIO, scale_inv_EGO=None):
+        return jax.lax.ragged_dot(h_MI, _dequantized(w_EIO, scale_inv_EGO, h_MI.dtype), group_sizes)
 
     return order_M, expert_M, x_MD, project
+
+
+def _dequantized(w_EIO: Array, scale_inv_EGO: Array | None, dtype) -> Array:
+    """Expert weights [E, I, O] in `dtype`; with block scales [E, G, O] (one per I / G input
+    rows and output channel), each block times its scale."""
+    if scale_inv_EGO is None:
+        return w_EIO.astype(dtype)
+    num_experts, num_in, num_out = w_EIO.shape
+    num_groups = scale_inv_EGO.shape[1]
+    w_EGKO = w_EIO.reshape(num_experts, num_groups, num_in // num_groups, num_out).astype(jnp.float32)
+    return (w_EGKO * scale_inv_EGO[:, :, None]).reshape(w_EIO.shape).astype(dtype)

@@ -17,6 +17,12 @@ DeepSeek lays the rotary dimensions out in interleaved pairs (`rope_interleave`;
 V2): the loader reorders those output columns of the query and latent projections to
 (evens, odds), after which the usual half-split rotation is the same rotation; q.k is
 unchanged because query and key are reordered alike.
+
+Quantized checkpoints (block-wise FP8, DeepSeek-V3's): the projections the layer calls stay
+quantized (their methods own their matmuls), and every per-output-channel param they store
+(block FP8's scales repeat each block's scale over its rows) is reordered with the kernel's
+columns, so a rotary span may cross a block edge. `kv_b_proj` is read as W_UK and W_UV, not
+called, so its kernel is dequantized to the model dtype at load (`DEQUANTIZE_AT_LOAD`).
 """
 
 import dataclasses
@@ -93,13 +99,22 @@ class RopeColumnsLinear(Linear):
         self.interleaved = interleaved
 
     def to_param_layout(self, attr: str, tensors: Sequence[np.ndarray]) -> np.ndarray:
+        """The param's layout, rotary columns reordered in every param whose trailing
+        dimensions are the outputs (the kernel, the bias, per-channel scales)."""
         param = super().to_param_layout(attr, tensors)
-        if not self.interleaved:
+        if not self.interleaved or param.shape[param.ndim - len(self.out_shape) :] != self.out_shape:
             return param
         width = param.shape[-1]
         rope = np.arange(width - self.rope_dim, width)
         order = np.concatenate([np.arange(width - self.rope_dim), rope[0::2], rope[1::2]])
         return param[..., order]
+
+
+class LatentUpProjection(Linear):
+    """`kv_b_proj`, whose kernel [R, N, P + V] MLA reads as W_UK and W_UV instead of calling
+    the layer: a quantization method leaves it in the model dtype (vjx/quantization/fp8.py)."""
+
+    DEQUANTIZE_AT_LOAD = True
 
 
 class MLAAttention(nnx.Module):
@@ -132,7 +147,7 @@ class MLAAttention(nnx.Module):
             "TD,DL->TL", (D, R + E), ("embed", None), use_bias=args.attention_bias, **rope
         )
         self.kv_a_layernorm = RMSNorm(R, eps=args.rms_norm_eps, dtype=dtype)
-        self.kv_b_proj = Linear(
+        self.kv_b_proj = LatentUpProjection(
             "TR,RNH->TNH", (R, N, P + V), (None, "heads", None), use_bias=False, dtype=dtype, rngs=rngs
         )
         self.o_proj = Linear(
