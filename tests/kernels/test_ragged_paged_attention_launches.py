@@ -84,7 +84,7 @@ def test_a_call_is_two_launches_and_nothing_else():
     ],
 )
 def test_split_policy(num_seqs, seq_len, window, expected):
-    splits = rpa._Splits(decode_programs=64, max_kv_splits=16, min_tiles_per_split=2, block_k=64, sliding_window=window)
+    splits = rpa.Splits(decode_programs=64, max_kv_splits=16, min_tiles_per_split=2, block_k=64, sliding_window=window)
     max_splits = splits.max_splits(jnp.int32(num_seqs))
     assert int(splits.row_splits(jnp.int32(seq_len), max_splits)) == expected
 
@@ -100,7 +100,7 @@ def test_decode_launch_writes_rows_of_one_segment():
         q, kv_cache, scales, None, md.query_start_loc, md.seq_lens, md.block_tables, md.num_seqs, SCORING, True
     )
     geometry = kv_walk.Geometry(2, 4, 64, 16, block_m=16, block_k=16)
-    splits = rpa._Splits(8, 4, 2, 16, None)  # 2 segments at most for 3 rows
+    splits = rpa.Splits(8, 4, 2, 16, None)  # 2 segments at most for 3 rows
     *_, out = rpa._decode(step, geometry, splits, TUNING.decode)
     out = np.asarray(out)
     expected = dense_attention(batch, SCORING.sm_scale)

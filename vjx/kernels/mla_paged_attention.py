@@ -40,7 +40,7 @@ from jaxtyping import Array, Float
 from vjx.attention.metadata import AttentionMetadata
 from vjx.kernels.kv_quant import compute_dtype
 from vjx.kernels.kv_walk import MASK_VALUE, cdiv, div, dot, full_mask, normalize, rem
-from vjx.kernels.ragged_paged_attention import _Splits
+from vjx.kernels.ragged_paged_attention import QueryBlock, Splits, find_query_block
 
 _LOG2E = math.log2(math.e)
 # Elements of one merge tile [splits, heads, Lr] (a few registers a thread).
@@ -231,7 +231,7 @@ def _decode_segment(seq_len: Array, split: Array, num_splits: Array, g: _Geometr
     return end, div(start, g.block_k), div(jnp.maximum(end - start, 0), g.block_k), cdiv(end, g.block_k)
 
 
-def _decode_kernel(*kernel_refs, geometry: _Geometry, scale: float, splits: _Splits):
+def _decode_kernel(*kernel_refs, geometry: _Geometry, scale: float, splits: Splits):
     """Program (c, e): segment c // num_seqs of row c % num_seqs, head group e -> the row's
     output when it has one segment, else the segment's partials at slot c."""
     refs, g = _Refs(*kernel_refs), geometry
@@ -270,7 +270,7 @@ def _decode_kernel(*kernel_refs, geometry: _Geometry, scale: float, splits: _Spl
             plgpu.store(refs.l.at[program, heads], l, mask=is_head)
 
 
-def _merge_row(row: Array, head_group: Array, refs: _Refs, g: _Geometry, splits: _Splits):
+def _merge_row(row: Array, head_group: Array, refs: _Refs, g: _Geometry, splits: Splits):
     """Folds the segment partials of split decode row `row` for the E heads of `head_group` in
     log-sum-exp form and writes its output; any other row exits at once."""
     num_seqs = refs.num_seqs[0]
@@ -309,42 +309,7 @@ def _merge_heads(heads: Array, segments: tuple, q_start: Array, refs: _Refs, g: 
     plgpu.store(refs.out.at[q_start, heads[:, None], dims[None, :]], out)
 
 
-@dataclasses.dataclass(frozen=True)
-class _QueryBlock:
-    """Query tokens [first_token, first_token + block_q) of a row whose tokens are [start, end)."""
-
-    row: Array
-    start: Array
-    end: Array
-    first_token: Array
-
-
-def _find_block(refs: _Refs, block: Array, block_q: int) -> tuple[_QueryBlock, Array]:
-    """Query block `block` of the step and whether it exists, as ragged_paged_attention.py
-    places it: the blocks of the rows with more than one query token, in row order, then those
-    of the padding tokens (as row num_seqs), from two vector loads of `query_start_loc` and a
-    prefix sum of the rows' block counts."""
-    num_rows = refs.query_start_loc.shape[0] - 1
-    num_seqs = refs.num_seqs[0]
-    r = jnp.arange(pl.next_power_of_2(num_rows + 1), dtype=jnp.int32)
-    lo = plgpu.load(refs.query_start_loc.at[jnp.minimum(r, num_rows)])
-    hi = plgpu.load(refs.query_start_loc.at[jnp.minimum(r + 1, num_rows)])
-    hi = jnp.where(r == num_seqs, refs.q.shape[0], hi)
-    q_len = hi - lo
-    has_blocks = jnp.where(r < num_seqs, q_len > 1, (r == num_seqs) & (q_len > 0))
-    num_blocks = jnp.where(has_blocks, cdiv(q_len, block_q), 0)
-    ends = jax.lax.cumsum(num_blocks, axis=0)
-    row = jnp.sum((ends <= block).astype(jnp.int32))
-
-    def pick(x: Array) -> Array:
-        return jnp.sum(jnp.where(r == row, x, 0))
-
-    start = pick(lo)
-    first_token = start + (block - pick(ends - num_blocks)) * block_q
-    return _QueryBlock(row, start, pick(hi), first_token), block < jnp.sum(num_blocks)
-
-
-def _block_rows(qb: _QueryBlock, head_group: Array, g: _Geometry) -> tuple[Array, Array, Array]:
+def _block_rows(qb: QueryBlock, head_group: Array, g: _Geometry) -> tuple[Array, Array, Array]:
     """The (token, head) of each of a query block's M rows, and which rows are real."""
     m_vec = jnp.arange(g.block_m, dtype=jnp.int32)
     tokens = qb.first_token + div(m_vec, g.heads)
@@ -352,7 +317,7 @@ def _block_rows(qb: _QueryBlock, head_group: Array, g: _Geometry) -> tuple[Array
     return tokens, heads, (m_vec < g.num_rows) & (tokens < qb.end)
 
 
-def _prefill_block(qb: _QueryBlock, head_group: Array, refs: _Refs, g: _Geometry, scale: float):
+def _prefill_block(qb: QueryBlock, head_group: Array, refs: _Refs, g: _Geometry, scale: float):
     """Attends one query block of a row with several query tokens and writes its output."""
     tokens, heads, is_row = _block_rows(qb, head_group, g)
     seq_len = refs.seq_lens[qb.row]
@@ -367,7 +332,7 @@ def _prefill_block(qb: _QueryBlock, head_group: Array, refs: _Refs, g: _Geometry
     plgpu.store(refs.out.at[_out_index(tokens, heads, g)], out, mask=full_mask(is_row, g.rank))
 
 
-def _merge_prefill_kernel(*kernel_refs, prefill: _Geometry, scale: float, splits: _Splits, num_blocks: int):
+def _merge_prefill_kernel(*kernel_refs, prefill: _Geometry, scale: float, splits: Splits, num_blocks: int):
     """Program (p, e), head group e: query block num_blocks - 1 - p (the last blocks first)
     for p < num_blocks, else the merge of decode row p - num_blocks."""
     *inputs, _out_in_ref, out_ref = kernel_refs
@@ -381,7 +346,8 @@ def _merge_prefill_kernel(*kernel_refs, prefill: _Geometry, scale: float, splits
 
     @pl.when((program < num_blocks) & ~is_past)
     def _():
-        qb, is_block = _find_block(refs, num_blocks - 1 - program, prefill.block_q)
+        block = num_blocks - 1 - program
+        qb, is_block = find_query_block(refs.query_start_loc, refs.num_seqs, refs.q.shape[0], block, prefill.block_q)
         is_padding = qb.row == refs.num_seqs[0]
 
         @pl.when(is_block & is_padding)
@@ -473,12 +439,12 @@ def mla_paged_attention(
         return _Geometry(kv_lora_rank, latent_dim - kv_lora_rank, kv_cache.shape[1], heads, block_q, launch.block_k)
 
     decode = geometry(tuning.decode, 1)
-    splits = _Splits(tuning.decode_programs, tuning.max_kv_splits, tuning.min_tiles_per_split, decode.block_k, None)
+    splits = Splits(tuning.decode_programs, tuning.max_kv_splits, tuning.min_tiles_per_split, decode.block_k, None)
     buffers = _decode(step, decode, splits, tuning.decode)
     return _merge_prefill(step, geometry(tuning.prefill, tuning.prefill.tokens), splits, tuning.prefill, buffers)
 
 
-def _decode(step: _Step, g: _Geometry, splits: _Splits, launch: MlaLaunch) -> tuple:
+def _decode(step: _Step, g: _Geometry, splits: Splits, launch: MlaLaunch) -> tuple:
     """Launch 1: float32 partials [C, N, Lr] (acc), [C, N] (max, sum) of the split rows'
     segments, and the output [T, N, Lr] with the rows of one segment written."""
     num_tokens, num_heads, _ = step.q.shape
@@ -495,7 +461,7 @@ def _decode(step: _Step, g: _Geometry, splits: _Splits, launch: MlaLaunch) -> tu
     return step.launch(kernel, (num_programs, num_heads // g.heads), out_shape, launch)(*step.inputs)
 
 
-def _merge_prefill(step: _Step, prefill: _Geometry, splits: _Splits, launch: MlaLaunch, buffers: tuple) -> Array:
+def _merge_prefill(step: _Step, prefill: _Geometry, splits: Splits, launch: MlaLaunch, buffers: tuple) -> Array:
     """Launch 2: the prefill rows, the split decode rows and the padding tokens, written into
     the decode launch's output in place."""
     num_tokens, num_heads, _ = step.q.shape

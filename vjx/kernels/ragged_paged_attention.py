@@ -72,7 +72,7 @@ _MERGE_TILE = 8192
 
 
 @dataclasses.dataclass(frozen=True)
-class _Splits:
+class Splits:
     """The split-KV policy of the decode rows (static knobs, evaluated on the device)."""
 
     decode_programs: int
@@ -99,7 +99,7 @@ class _Splits:
         return jnp.minimum(jnp.maximum(cdiv(num_tiles, self.min_tiles_per_split), 1), max_splits)
 
 
-def _decode_segment(seq_len: Array, split: Array, num_splits: Array, splits: _Splits, walk_args: dict) -> tuple:
+def _decode_segment(seq_len: Array, split: Array, num_splits: Array, splits: Splits, walk_args: dict) -> tuple:
     """The [start, end) keys of segment `split` of a decode row and the walk over them."""
     g = walk_args["geometry"]
     first = splits.first_key(seq_len)
@@ -119,7 +119,7 @@ def _decode_segment(seq_len: Array, split: Array, num_splits: Array, splits: _Sp
     return walk, div(start, g.block_k), num_full, cdiv(end, g.block_k)
 
 
-def _decode_kernel(*kernel_refs, geometry: Geometry, scoring: Scoring, splits: _Splits):
+def _decode_kernel(*kernel_refs, geometry: Geometry, scoring: Scoring, splits: Splits):
     """Program (c, k): segment c // num_seqs of row c % num_seqs, kv head k -> the row's output
     when it has one segment, else the segment's partials at slot c."""
     refs = _Refs(*kernel_refs)
@@ -186,7 +186,7 @@ class _Refs:
     out: object  # [T, N, H]
 
 
-def _merge_row(row: Array, kv_head: Array, refs: _Refs, geometry: Geometry, splits: _Splits):
+def _merge_row(row: Array, kv_head: Array, refs: _Refs, geometry: Geometry, splits: Splits):
     """Folds the segment partials of split decode row `row` in log-sum-exp form and writes its
     output; any other row (one segment, several query tokens, padding) exits at once."""
     num_seqs = refs.num_seqs[0]
@@ -225,7 +225,7 @@ def _merge_heads(heads: Array, segments: tuple, q_start: Array, kv_head: Array, 
 
 
 @dataclasses.dataclass(frozen=True)
-class _QueryBlock:
+class QueryBlock:
     """Query tokens [first_token, first_token + block_q) of a row whose tokens are [start, end)."""
 
     row: Array
@@ -234,18 +234,20 @@ class _QueryBlock:
     first_token: Array
 
 
-def _find_block(refs: _Refs, block: Array, block_q: int) -> tuple[_QueryBlock, Array]:
+def find_query_block(
+    query_start_loc, num_seqs_ref, num_tokens: int, block: Array, block_q: int
+) -> tuple[QueryBlock, Array]:
     """Query block `block` of the step and whether it exists. The blocks are those of the rows
     with more than one query token, in row order, then those of the padding tokens (as row
     num_seqs, tokens [query_start_loc[num_seqs], T)). Two vector loads of `query_start_loc`
     (issued together) and a prefix sum of the rows' block counts place it: no chain of
     dependent loads, so a program with no block exits after one round trip to memory."""
-    num_rows = refs.query_start_loc.shape[0] - 1
-    num_seqs = refs.num_seqs[0]
+    num_rows = query_start_loc.shape[0] - 1
+    num_seqs = num_seqs_ref[0]
     r = jnp.arange(pl.next_power_of_2(num_rows + 1), dtype=jnp.int32)
-    lo = plgpu.load(refs.query_start_loc.at[jnp.minimum(r, num_rows)])
-    hi = plgpu.load(refs.query_start_loc.at[jnp.minimum(r + 1, num_rows)])
-    hi = jnp.where(r == num_seqs, refs.q.shape[0], hi)
+    lo = plgpu.load(query_start_loc.at[jnp.minimum(r, num_rows)])
+    hi = plgpu.load(query_start_loc.at[jnp.minimum(r + 1, num_rows)])
+    hi = jnp.where(r == num_seqs, num_tokens, hi)
     q_len = hi - lo
     has_blocks = jnp.where(r < num_seqs, q_len > 1, (r == num_seqs) & (q_len > 0))
     num_blocks = jnp.where(has_blocks, cdiv(q_len, block_q), 0)
@@ -257,10 +259,10 @@ def _find_block(refs: _Refs, block: Array, block_q: int) -> tuple[_QueryBlock, A
 
     start = pick(lo)
     first_token = start + (block - pick(ends - num_blocks)) * block_q
-    return _QueryBlock(row, start, pick(hi), first_token), block < jnp.sum(num_blocks)
+    return QueryBlock(row, start, pick(hi), first_token), block < jnp.sum(num_blocks)
 
 
-def _block_index(qb: _QueryBlock, kv_head: Array, g: Geometry) -> tuple:
+def _block_index(qb: QueryBlock, kv_head: Array, g: Geometry) -> tuple:
     """The [M, H] index of a query block's (token, head) rows in [T, N, H], and its mask."""
     m_vec = jnp.arange(g.block_m, dtype=jnp.int32)
     tokens = qb.first_token + div(m_vec, g.group)
@@ -270,7 +272,7 @@ def _block_index(qb: _QueryBlock, kv_head: Array, g: Geometry) -> tuple:
     return (tokens[:, None], heads[:, None], dims), full_mask(is_row, g.head_dim)
 
 
-def _prefill_block(qb: _QueryBlock, kv_head: Array, refs: _Refs, g: Geometry, scoring: Scoring):
+def _prefill_block(qb: QueryBlock, kv_head: Array, refs: _Refs, g: Geometry, scoring: Scoring):
     """Attends one query block of a row with several query tokens and writes its output."""
     index, mask = _block_index(qb, kv_head, g)
     q = plgpu.load(refs.q.at[index], mask=mask, other=0).astype(compute_dtype(refs.q.dtype, refs.kv.dtype))
@@ -302,7 +304,7 @@ def _prefill_block(qb: _QueryBlock, kv_head: Array, refs: _Refs, g: Geometry, sc
 
 
 def _merge_prefill_kernel(
-    *kernel_refs, prefill: Geometry, decode: Geometry, scoring: Scoring, splits: _Splits, num_blocks: int
+    *kernel_refs, prefill: Geometry, decode: Geometry, scoring: Scoring, splits: Splits, num_blocks: int
 ):
     """Program (p, k), kv head k: query block num_blocks - 1 - p (the last blocks first) for
     p < num_blocks, else the merge of decode row p - num_blocks."""
@@ -317,7 +319,8 @@ def _merge_prefill_kernel(
 
     @pl.when((program < num_blocks) & ~is_past)
     def _():
-        qb, is_block = _find_block(refs, num_blocks - 1 - program, prefill.block_q)
+        block = num_blocks - 1 - program
+        qb, is_block = find_query_block(refs.query_start_loc, refs.num_seqs, refs.q.shape[0], block, prefill.block_q)
         is_padding = qb.row == refs.num_seqs[0]
 
         @pl.when(is_block & is_padding)
@@ -425,7 +428,7 @@ def ragged_paged_attention(
         block_m=max(16, pl.next_power_of_2(group)),
         block_k=tuning.decode.block_k,
     )
-    splits = _Splits(
+    splits = Splits(
         tuning.decode_programs,
         tuning.max_kv_splits,
         tuning.min_tiles_per_split,
@@ -441,7 +444,7 @@ def ragged_paged_attention(
     return _merge_prefill(step, (decode, prefill), splits, tuning.prefill, buffers)
 
 
-def _decode(step: _Step, g: Geometry, splits: _Splits, tuning: KernelTuning) -> tuple:
+def _decode(step: _Step, g: Geometry, splits: Splits, tuning: KernelTuning) -> tuple:
     """Launch 1: float32 partials [C, K, G, H] (acc), [C, K, G] (max, sum) of the split rows'
     segments, and the output [T, N, H] with the rows of one segment written."""
     num_rows = step.max_rows
@@ -458,7 +461,7 @@ def _decode(step: _Step, g: Geometry, splits: _Splits, tuning: KernelTuning) -> 
     return launch(*step.inputs)
 
 
-def _merge_prefill(step: _Step, geometries: tuple, splits: _Splits, tuning: KernelTuning, buffers: tuple) -> Array:
+def _merge_prefill(step: _Step, geometries: tuple, splits: Splits, tuning: KernelTuning, buffers: tuple) -> Array:
     """Launch 2: the prefill rows, the split decode rows and the padding tokens, written into
     the decode launch's output in place."""
     decode, prefill = geometries
