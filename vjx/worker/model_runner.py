@@ -116,7 +116,7 @@ class ModelRunner:
         self._num_steps = 0
         self._compiled = {}
         self._seed_rng = np.random.default_rng(config.model_config.seed)
-        any_layout = next(iter(self.layouts.values()))
+        self._any_layout = any_layout = next(iter(self.layouts.values()))
         self._max_num_samples = any_layout.max_num_samples
         self._last_sampled = self._no_last_sampled = filled((any_layout.sampled_size,), np.int32, 0, self.replicated)
         self._sample_index_by_slot = np.full(self.max_num_reqs, -1, np.int32)
@@ -454,7 +454,7 @@ class ModelRunner:
         # A token not on the host yet was sampled by the last dispatched step, for the
         # request that holds the same slot now (a request changes slots only off the batch);
         # drafts come after a row's tokens and are on the host.
-        known = batch.num_tokens[token_rows]
+        known, num_drafts = batch.num_tokens[token_rows], None
         if drafts is not None:
             num_drafts = np.fromiter(map(len, drafts), np.int32, num_rows)
             known = known if self.drafts_on_device else known + num_drafts[row_of_token]
@@ -472,7 +472,7 @@ class ModelRunner:
             "query_start_loc": query_start_loc(cu, layout.num_reqs),
             "seq_lens": seq_lens,
             "num_seqs": np.array([num_rows], np.int32),
-            **self._prepare_sampling(rows, cu - 1, self._num_outputs(rows, num_pending, seq_lens, drafts)),
+            **self._prepare_sampling(rows, cu - 1, self._num_outputs(rows, num_pending, seq_lens, num_drafts)),
         }
         sample_starts = None
         if drafts is not None:
@@ -503,8 +503,7 @@ class ModelRunner:
         index = self._sample_index_by_slot[token_rows]
         if not self.drafts_on_device:
             return index
-        layout = next(iter(self.layouts.values()))
-        drafts = draft_index(layout, self._prev_row_by_slot[token_rows], offsets - 1)
+        drafts = draft_index(self._any_layout, self._prev_row_by_slot[token_rows], offsets - 1)
         return np.where(offsets == 0, index, drafts)
 
     def _draft_values(self, rows: np.ndarray, seq_lens: np.ndarray, num_pending: np.ndarray) -> dict[str, np.ndarray]:
@@ -539,7 +538,7 @@ class ModelRunner:
         return [table.block_table[token_rows, block_index] * self.block_size + offsets for table in tables]
 
     def _num_outputs(
-        self, rows: np.ndarray, num_pending: np.ndarray, seq_lens: np.ndarray, drafts: list[list[int]] | None
+        self, rows: np.ndarray, num_pending: np.ndarray, seq_lens: np.ndarray, num_drafts: np.ndarray | None
     ) -> np.ndarray:
         """Per row, its output tokens before its (first) sampled one: the known ones and those
         in flight. With drafts on the device the in-flight count is the scheduler's (every
@@ -547,7 +546,6 @@ class ModelRunner:
         batch = self.input_batch
         if not self.drafts_on_device:
             return batch.num_tokens[rows] + num_pending - batch.num_prompt_tokens[rows]
-        num_drafts = np.fromiter(map(len, drafts), np.int32, len(rows))
         return np.maximum(seq_lens - num_drafts - batch.num_prompt_tokens[rows], 0)
 
     def _prepare_sampling(
