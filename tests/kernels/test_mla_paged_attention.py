@@ -18,7 +18,7 @@ import pytest
 
 from tests.helpers.attention_batches import relative_error
 from vjx.attention.metadata import AttentionMetadata
-from vjx.attention.mla import mla_attention, write_latent
+from vjx.attention.mla import latent_attention, write_latent
 from vjx.kernels.mla_paged_attention import MlaLaunch, MlaTuning, mla_paged_attention
 
 BLOCK_SIZE = 16  # S
@@ -121,7 +121,8 @@ def kernel(q_latent, latent, kv_cache, md, sm_scale, kv_lora_rank, tuning, inter
 
 @functools.partial(jax.jit, static_argnames=("sm_scale", "kv_lora_rank"))
 def reference(q_latent, latent, kv_cache, md, sm_scale, kv_lora_rank):
-    return mla_attention(q_latent, latent, kv_cache, md, sm_scale=sm_scale, kv_lora_rank=kv_lora_rank)[0]
+    kv_cache = write_latent(kv_cache, latent, md.slot_mapping)
+    return latent_attention(q_latent, kv_cache, md, sm_scale=sm_scale, kv_lora_rank=kv_lora_rank)
 
 
 def inputs(step: Step, dtype, kv_cache=None) -> tuple:

@@ -112,11 +112,71 @@ class ReferenceBackend:
         sinks: Float[Array, " N"] | None = None,
     ) -> Float[Array, "T N Hv"]:
         """Attends every token to its row's keys (already written), chunk by chunk."""
+        tokens = _token_rows(md, q.shape[0])
+        out, _ = self._softmax(q, paged_kv, md, tokens, scoring, sinks)
+        return out
+
+    def attend_context(
+        self, q: Float[Array, "T N H"], paged_kv: PagedKV, md: AttentionMetadata, scoring: Scoring
+    ) -> tuple[Float[Array, "T N Hv"], Float[Array, "T N"]]:
+        """Attends every token to its row's context only, the keys cached before this step,
+        and returns the softmax's log-sum-exp with the output (-inf and 0 where a row has no
+        context), so that another pass over the step's own keys can be merged in."""
+        tokens = _token_rows(md, q.shape[0], context_only=True)
+        return self._softmax(q, paged_kv, md, tokens, scoring, sinks=None)
+
+    def attend_step(
+        self,
+        q: Float[Array, "T N H"],
+        k: Float[Array, "T K H"],
+        v: Float[Array, "T K Hv"],
+        md: AttentionMetadata,
+        scoring: Scoring,
+    ) -> tuple[Float[Array, "T N Hv"], Float[Array, "T N"]]:
+        """Attends every token to the step's own keys of its row only (causal), given as
+        arrays instead of read from the cache, and returns the log-sum-exp with the output:
+        the other half of `attend_context`. Walks the step's real tokens in blocks of
+        `keys_per_chunk` keys."""
+        num_tokens, num_heads, head_dim = q.shape
+        num_kv_heads, value_dim = k.shape[1], v.shape[-1]
+        block = min(self.keys_per_chunk, num_tokens)
+        padded = -(-num_tokens // block) * block
+        k, v = (jnp.pad(x, ((0, padded - num_tokens), (0, 0), (0, 0))) for x in (k, v))
+        tokens = _token_rows(md, num_tokens)
+        keys = _token_rows(md, padded)
+        q_TKGH = q.reshape(num_tokens, num_kv_heads, num_heads // num_kv_heads, head_dim)
+
+        def block_step(index, carry):
+            start = index * block
+            k_LKH, v_LKHv = (jax.lax.dynamic_slice_in_dim(x, start, block) for x in (k, v))
+            s_TKGL = jnp.einsum("tkgh,lkh->tkgl", q_TKGH, k_LKH, preferred_element_type=jnp.float32)
+            row, position, is_valid = (
+                jax.lax.dynamic_slice_in_dim(x, start, block) for x in (keys.row, keys.position, keys.is_valid)
+            )
+            is_visible = _visible_step_keys(tokens, _TokenRows(row, position, is_valid), scoring.sliding_window)
+            return _fold_chunk(carry, s_TKGL, is_visible, scoring, "tkgl,lkv->tkgv", v_LKHv)
+
+        stats_shape = q_TKGH.shape[:-1]
+        init = (*_initial_stats(stats_shape, None), jnp.zeros((*stats_shape, value_dim), jnp.float32))
+        num_blocks = -(-md.query_start_loc[md.num_seqs[0]] // block)
+        out_TKGHv, lse_TKG = _normalize(jax.lax.fori_loop(0, num_blocks, block_step, init))
+        out = out_TKGHv.reshape(num_tokens, num_heads, value_dim).astype(q.dtype)
+        return out, lse_TKG.reshape(num_tokens, num_heads)
+
+    def _softmax(
+        self,
+        q: Float[Array, "T N H"],
+        paged_kv: PagedKV,
+        md: AttentionMetadata,
+        tokens: _TokenRows,
+        scoring: Scoring,
+        sinks: Float[Array, " N"] | None,
+    ) -> tuple[Float[Array, "T N Hv"], Float[Array, "T N"]]:
+        """The online softmax over the keys each token sees, and its log-sum-exp."""
         num_tokens, num_heads, head_dim = q.shape
         block_size, num_kv_heads = paged_kv.block_size, paged_kv.num_kv_heads
         pages_per_chunk = max(1, self.keys_per_chunk // block_size)
         block_tables = _pad_width(md.block_tables, pages_per_chunk)
-        tokens = _token_rows(md, num_tokens)
         q_TKGH = q.reshape(num_tokens, num_kv_heads, num_heads // num_kv_heads, head_dim)
 
         def chunk_step(chunk, carry):
@@ -129,11 +189,9 @@ class ReferenceBackend:
         init = (*_initial_stats(stats_shape, sinks), jnp.zeros((*stats_shape, paged_kv.value_dim), jnp.float32))
         max_chunks = block_tables.shape[1] // pages_per_chunk
         num_chunks = _num_chunks(md, pages_per_chunk * block_size, max_chunks)
-        _, l_TKG, acc_TKGHv = jax.lax.fori_loop(0, num_chunks, chunk_step, init)
-        # Tokens that see no key (padding) have acc == 0, and l == 0 unless sinks: they get 0, not NaN.
-        safe_l = jnp.where(l_TKG > 0, l_TKG, 1.0)[..., None]
-        out_TKGHv = jnp.where(l_TKG[..., None] > 0, acc_TKGHv / safe_l, 0.0)
-        return out_TKGHv.reshape(num_tokens, num_heads, paged_kv.value_dim).astype(q.dtype)
+        out_TKGHv, lse_TKG = _normalize(jax.lax.fori_loop(0, num_chunks, chunk_step, init))
+        out = out_TKGHv.reshape(num_tokens, num_heads, paged_kv.value_dim).astype(q.dtype)
+        return out, lse_TKG.reshape(num_tokens, num_heads)
 
 
 def _paged_kv(kv_cache: Float[Array, "2 P S K H"], scales: Float[Array, "2"] | None, dtype: DTypeLike) -> PagedKV:
@@ -168,8 +226,10 @@ def write_kv(
     return flat.reshape(kv_cache.shape)
 
 
-def _token_rows(md: AttentionMetadata, num_tokens: int) -> _TokenRows:
-    """Each token's row (from `query_start_loc`) and its end-aligned position in that row."""
+def _token_rows(md: AttentionMetadata, num_tokens: int, *, context_only: bool = False) -> _TokenRows:
+    """Each token's row (from `query_start_loc`) and its end-aligned position in that row;
+    `context_only` puts every token at its row's last cached key instead, so that it sees the
+    context and none of the step's own keys."""
     starts = md.query_start_loc
     num_rows = md.seq_lens.shape[0]
     token = jnp.arange(num_tokens, dtype=starts.dtype)
@@ -177,7 +237,8 @@ def _token_rows(md: AttentionMetadata, num_tokens: int) -> _TokenRows:
     is_valid = token < starts[md.num_seqs[0]]
     row = jnp.minimum(row, num_rows - 1).astype(starts.dtype)
     query_len = starts[row + 1] - starts[row]
-    position = md.seq_lens[row] - query_len + (token - starts[row])
+    offset = -1 if context_only else token - starts[row]
+    position = md.seq_lens[row] - query_len + offset
     return _TokenRows(row=row, position=position, is_valid=is_valid)
 
 
@@ -204,6 +265,16 @@ def _initial_stats(stats_shape: tuple[int, ...], sinks: Float[Array, " N"] | Non
     return m_TKG, jnp.ones(stats_shape, jnp.float32)
 
 
+def _normalize(stats: tuple[Array, Array, Array]) -> tuple[Array, Array]:
+    """The softmax output acc / l and its log-sum-exp m + log(l). Tokens that see no key
+    (padding) have acc == 0, and l == 0 unless sinks: they get 0, not NaN, and -inf."""
+    m_TKG, l_TKG, acc_TKGHv = stats
+    sees_keys = l_TKG > 0
+    safe_l = jnp.where(sees_keys, l_TKG, 1.0)
+    out_TKGHv = jnp.where(sees_keys[..., None], acc_TKGHv / safe_l[..., None], 0.0)
+    return out_TKGHv, jnp.where(sees_keys, m_TKG + jnp.log(safe_l), -jnp.inf)
+
+
 def _online_softmax_step(
     carry: tuple[Array, Array, Array],
     q_TKGH: Float[Array, "T K G H"],
@@ -212,21 +283,34 @@ def _online_softmax_step(
     tokens: _TokenRows,
     scoring: Scoring,
 ) -> tuple[Array, Array, Array]:
-    """Folds one chunk of keys into the running max m, sum l and output acc (all float32)."""
-    m_TKG, l_TKG, acc_TKGHv = carry
+    """Folds one chunk of each token's own keys into the running statistics."""
     k_TLKH, v_TLKHv = kv_chunk
     s_TKGL = jnp.einsum("tkgh,tlkh->tkgl", q_TKGH, k_TLKH, preferred_element_type=jnp.float32)
+    is_visible = _visible_keys(first_key, k_TLKH.shape[1], tokens, scoring.sliding_window)
+    return _fold_chunk(carry, s_TKGL, is_visible, scoring, "tkgl,tlkv->tkgv", v_TLKHv)
+
+
+def _fold_chunk(
+    carry: tuple[Array, Array, Array],
+    s_TKGL: Float[Array, "T K G L"],
+    is_visible: Bool[Array, "T L"],
+    scoring: Scoring,
+    pv_spec: str,
+    v: Float[Array, "..."],
+) -> tuple[Array, Array, Array]:
+    """Folds one chunk's raw scores into the running max m, sum l and output acc (all
+    float32); `pv_spec` multiplies the chunk's probabilities with its values `v`."""
+    m_TKG, l_TKG, acc_TKGHv = carry
     s_TKGL = s_TKGL * scoring.sm_scale
     if scoring.soft_cap is not None:
         s_TKGL = scoring.soft_cap * jnp.tanh(s_TKGL / scoring.soft_cap)
-    is_visible = _visible_keys(first_key, k_TLKH.shape[1], tokens, scoring.sliding_window)
     is_visible = is_visible[:, None, None, :]
     s_TKGL = jnp.where(is_visible, s_TKGL, _MASK_VALUE)
     m_new = jnp.maximum(m_TKG, s_TKGL.max(axis=-1))
     p_TKGL = jnp.where(is_visible, jnp.exp(s_TKGL - m_new[..., None]), 0.0)
     alpha = jnp.exp(m_TKG - m_new)
     l_new = l_TKG * alpha + p_TKGL.sum(axis=-1)
-    pv_TKGHv = jnp.einsum("tkgl,tlkv->tkgv", p_TKGL, v_TLKHv.astype(jnp.float32))
+    pv_TKGHv = jnp.einsum(pv_spec, p_TKGL, v.astype(jnp.float32))
     return m_new, l_new, acc_TKGHv * alpha[..., None] + pv_TKGHv
 
 
@@ -239,4 +323,15 @@ def _visible_keys(
     is_visible = tokens.is_valid[:, None] & (key_pos[None, :] <= query_pos)
     if sliding_window is not None:
         is_visible &= key_pos[None, :] > query_pos - sliding_window
+    return is_visible
+
+
+def _visible_step_keys(tokens: _TokenRows, keys: _TokenRows, sliding_window: int | None) -> Bool[Array, "T L"]:
+    """Which of a block of the step's own tokens, as keys, each query token sees: those of its
+    own row, causal, within the sliding window."""
+    query_pos, key_pos = tokens.position[:, None], keys.position[None, :]
+    is_visible = tokens.is_valid[:, None] & keys.is_valid[None, :] & (tokens.row[:, None] == keys.row[None, :])
+    is_visible &= key_pos <= query_pos
+    if sliding_window is not None:
+        is_visible &= key_pos > query_pos - sliding_window
     return is_visible

@@ -5,13 +5,11 @@ E qk_rope_head_dim, V v_head_dim.
 
 Keys and values come from one compressed vector per token, c_kv = norm(x W_DKV) [R], plus a
 rotary key k_pe [E] shared by every head; the cache keeps [c_kv, k_pe] (R + E values a token
-and layer, vjx/attention/mla.py) instead of per-head keys and values. Attention runs in the
-absorbed form for every token: each head's query without rotary part is taken into the
-latent space (q_nope W_UK: [R]), scored against the cached latents together with its rotary
-part, and the softmax-weighted latents leave through W_UV ([R] -> [V]) into the output
-projection. W_UK and W_UV are the two halves of `kv_b_proj`'s kernel [R, N, P + V]. This is
-the same product as expanding every cached latent into per-head keys and values (what
-transformers does), with the cache R + E wide instead of N * (P + E + V).
+and layer) instead of per-head keys and values. W_UK and W_UV, which expand c_kv to each
+head's key without rotary part [P] and its value [V], are the two halves of `kv_b_proj`'s
+kernel [R, N, P + V]; vjx/attention/mla.py attends in the absorbed form (W_UK folded into
+the query, W_UV into the output) for decode and in the expanded form for prefill, the same
+product either way, with the cache R + E wide instead of N * (P + E + V).
 
 DeepSeek lays the rotary dimensions out in interleaved pairs (`rope_interleave`; always in
 V2): the loader reorders those output columns of the query and latent projections to
@@ -35,7 +33,7 @@ from flax import nnx
 from jaxtyping import Array, Float, Int
 
 from vjx.attention.metadata import AttentionMetadata
-from vjx.attention.mla import mla_attention
+from vjx.attention.mla import UpProjection, mla_attention
 from vjx.kv_cache_interface import KVCacheSpec, MLAAttentionSpec
 from vjx.models.layers.linear import Linear
 from vjx.models.layers.norm import RMSNorm
@@ -168,13 +166,11 @@ class MLAAttention(nnx.Module):
         kv_TL = self.kv_a_proj_with_mqa(x)
         c_kv_TR = self.kv_a_layernorm(kv_TL[:, :R])
         k_pe_T1E = self.rotary(kv_TL[:, None, R:], positions)
-        q_pe_TNE = self.rotary(q_TNH[..., P:], positions)
-        w_uk_RNP, w_uv_RNV = self.kv_b_proj.kernel[:, :, :P], self.kv_b_proj.kernel[:, :, P:]
-        q_latent_TNR = jnp.einsum("tnp,rnp->tnr", q_TNH[..., :P], w_uk_RNP)
-        q_TNL = jnp.concatenate([q_latent_TNR, q_pe_TNE], axis=-1)
+        q_TNH = jnp.concatenate([q_TNH[..., :P], self.rotary(q_TNH[..., P:], positions)], axis=-1)
         latent_TL = jnp.concatenate([c_kv_TR, k_pe_T1E[:, 0]], axis=-1)
-        out_TNR, kv_cache = mla_attention(q_TNL, latent_TL, kv_cache, md, sm_scale=args.sm_scale, kv_lora_rank=R)
-        out_TNV = jnp.einsum("tnr,rnv->tnv", out_TNR, w_uv_RNV)
+        kernel = self.kv_b_proj.kernel
+        up = UpProjection(w_uk=kernel[:, :, :P], w_uv=kernel[:, :, P:])
+        out_TNV, kv_cache = mla_attention(q_TNH, latent_TL, kv_cache, md, up, sm_scale=args.sm_scale)
         return self.o_proj(out_TNV), kv_cache
 
     def get_kv_cache_spec(self, block_size: int, num_kv_heads: int, dtype: str) -> KVCacheSpec:
