@@ -10,6 +10,7 @@ knows no JAX).
 
 import abc
 import dataclasses
+import math
 from collections.abc import Iterable
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1}
@@ -141,6 +142,45 @@ class MLAAttentionSpec(KVCacheSpec):
 
     def max_num_blocks_per_request(self, max_model_len: int, max_num_batched_tokens: int) -> int:
         return _cdiv(max_model_len, self.block_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class MambaSpec(KVCacheSpec):
+    """A state-space (Mamba) layer: a fixed-size recurrent state per request instead of a cache
+    that grows with its tokens.
+
+    As in vLLM, a request's "block" in this group is its state slot: it holds one block, taken
+    at its first step and kept until it ends, whatever its length (`block_size` only matches the
+    other groups'). The slot holds the layer's states back to back in one row of `dtype`: the
+    causal convolution's last inputs, then the SSM state (`shapes`, in that order). A state
+    covers every token so far, so no prefix of it can be shared: prefix caching finds no hit
+    in this group (vLLM's default; its `align` mode, which keeps states at block boundaries, is
+    not built)."""
+
+    shapes: tuple[tuple[int, ...], ...]
+    """The state arrays of one slot: ((conv_kernel - 1, conv_dim), (heads, head_dim, state_size))."""
+    dtype: str
+    """Element type of every state, as `AttentionSpec.dtype` (float8 is refused)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.shapes or any(not shape or min(shape) < 1 for shape in self.shapes):
+            raise ValueError(f"shapes must be non-empty shapes of positive sizes, got {self.shapes}.")
+        if self.dtype not in _DTYPE_BYTES or self.dtype.startswith("float8"):
+            allowed = sorted(d for d in _DTYPE_BYTES if not d.startswith("float8"))
+            raise ValueError(f"dtype must be one of {allowed} for a Mamba state, got {self.dtype!r}.")
+
+    @property
+    def state_size(self) -> int:
+        """Elements of one slot: every state of the layer, flattened."""
+        return sum(math.prod(shape) for shape in self.shapes)
+
+    @property
+    def page_size_bytes(self) -> int:
+        return self.state_size * _DTYPE_BYTES[self.dtype]
+
+    def max_num_blocks_per_request(self, max_model_len: int, max_num_batched_tokens: int) -> int:
+        return 1
 
 
 @dataclasses.dataclass(frozen=True)

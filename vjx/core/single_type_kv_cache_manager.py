@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from vjx.core.block_pool import BlockPool
 from vjx.core.kv_cache_utils import BlockHash, KVCacheBlock
-from vjx.kv_cache_interface import FullAttentionSpec, KVCacheSpec, MLAAttentionSpec, SlidingWindowSpec
+from vjx.kv_cache_interface import FullAttentionSpec, KVCacheSpec, MambaSpec, MLAAttentionSpec, SlidingWindowSpec
 
 
 class SingleTypeKVCacheManager(abc.ABC):
@@ -193,10 +193,44 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         return 0
 
 
+class MambaManager(SingleTypeKVCacheManager):
+    """A state-space layer's group: each request holds one block, its state slot, from its
+    first step to its end. A state covers every token so far, so it is never shared: no
+    prefix is a hit and no block is entered in the prefix cache."""
+
+    def get_num_blocks_to_allocate(
+        self, request_id: str, num_tokens: int, new_computed_blocks: Sequence[KVCacheBlock]
+    ) -> int:
+        return 0 if self.req_to_blocks.get(request_id) else 1
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
+        req_blocks = self.req_to_blocks[request_id]
+        if req_blocks:
+            return []
+        new_blocks = self.block_pool.get_new_blocks(1)
+        req_blocks.extend(new_blocks)
+        return new_blocks
+
+    def cache_blocks(self, request_id: str, block_hashes: Sequence[BlockHash], num_tokens: int):
+        return
+
+    def find_longest_cache_hit(
+        self, block_hashes: Sequence[BlockHash], max_length: int, kv_cache_group_ids: Sequence[int]
+    ) -> tuple[list[KVCacheBlock], ...]:
+        return tuple([] for _ in kv_cache_group_ids)
+
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        return
+
+    def get_num_common_prefix_blocks(self, request_id: str, num_running_requests: int) -> int:
+        return 0
+
+
 _MANAGER_BY_SPEC = {
     FullAttentionSpec: FullAttentionManager,
     MLAAttentionSpec: FullAttentionManager,
     SlidingWindowSpec: SlidingWindowManager,
+    MambaSpec: MambaManager,
 }
 
 
