@@ -209,6 +209,25 @@ FAMILIES.update(
     }
 )
 
+FAMILIES["mamba2"] = lambda: transformers.Mamba2Config(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_heads=8,
+    head_dim=16,
+    expand=2,
+    n_groups=2,
+    state_size=16,
+    conv_kernel=4,
+    chunk_size=32,
+    use_conv_bias=True,
+    use_bias=False,
+    bos_token_id=0,
+    eos_token_id=1,
+    pad_token_id=0,
+)
+"""Mamba2: 8 heads of 16 in 2 groups, state 16, chunks of 32 (the long prompts span ten)."""
+
 ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
@@ -225,6 +244,7 @@ ARCHITECTURES = {
     "deepseek_v2_lite": "DeepseekV2ForCausalLM",
     "deepseek_v2": "DeepseekV2ForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
+    "mamba2": "Mamba2ForCausalLM",
 }
 
 MIN_PROMPT_LEN = {"phi3_longrope": 65}
@@ -273,7 +293,8 @@ class Family:
     def caches(self, tensor_parallel_size: int = 1, mesh=None) -> list[jax.Array]:
         """Zeroed caches of every layer, laid out as the engine lays them out for its spec."""
         text, backend = self.model_config.hf_text_config, ReferenceBackend()
-        num_kv_heads = num_cache_kv_heads(text.num_key_value_heads, tensor_parallel_size)
+        # A state-space model has no KV heads; its layers' specs do not read the count.
+        num_kv_heads = num_cache_kv_heads(getattr(text, "num_key_value_heads", 1), tensor_parallel_size)
         specs = self.model.get_kv_cache_spec(BLOCK_SIZE, num_kv_heads, "float32").values()
         return [
             jax.device_put(

@@ -12,6 +12,7 @@ from vjx.models.granite import GraniteForCausalLM
 from vjx.models.llama import LlamaForCausalLM
 from vjx.models.llama_eagle import EagleLlamaForCausalLM
 from vjx.models.llama_eagle3 import Eagle3LlamaForCausalLM
+from vjx.models.mamba2 import Mamba2ForCausalLM
 from vjx.models.mixtral import MixtralForCausalLM
 from vjx.models.olmo2 import Olmo2ForCausalLM
 from vjx.models.phi3 import Phi3ForCausalLM
@@ -38,6 +39,7 @@ _MODELS: dict[str, type[nnx.Module]] = {
     "GptOssForCausalLM": GptOssForCausalLM,
     "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
+    "Mamba2ForCausalLM": Mamba2ForCausalLM,
 }
 
 
@@ -67,11 +69,11 @@ def verify_tensor_parallel(hf_config: Any, tensor_parallel_size: int, enable_exp
     """Raises ValueError unless the model's heads, KV heads, MLP width and vocabulary split
     evenly over `tensor_parallel_size` devices (KV heads may instead be repeated), and a MoE
     model's experts (with `enable_expert_parallel`) or each expert's width (without)."""
-    num_heads = hf_config.num_attention_heads
+    # A model of state-space layers only (Mamba2) has no attention heads and no MLP.
     sizes = {
-        "num_attention_heads": num_heads,
-        "intermediate_size": hf_config.intermediate_size,
-        "vocab_size": hf_config.vocab_size,
+        name: getattr(hf_config, name)
+        for name in ("num_attention_heads", "intermediate_size", "vocab_size")
+        if getattr(hf_config, name, None)
     }
     # DeepSeek names its routed experts `n_routed_experts`, and has shared ones beside them.
     num_experts = getattr(hf_config, "num_experts", None) or getattr(hf_config, "n_routed_experts", None)
@@ -88,4 +90,6 @@ def verify_tensor_parallel(hf_config: Any, tensor_parallel_size: int, enable_exp
                 f"tensor_parallel_size ({tensor_parallel_size}) must divide the model's {name} "
                 f"({size}); divisors up to 8: {[d for d in range(1, 9) if size % d == 0]}."
             )
-    kv_head_replicas(getattr(hf_config, "num_key_value_heads", None) or num_heads, tensor_parallel_size)
+    num_heads = getattr(hf_config, "num_attention_heads", None)
+    if num_heads:
+        kv_head_replicas(getattr(hf_config, "num_key_value_heads", None) or num_heads, tensor_parallel_size)

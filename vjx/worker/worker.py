@@ -94,7 +94,7 @@ class Worker:
         fewer KV heads than `tensor_parallel_size`, the loader repeats each head so that every
         device holds one (vjx/sharding/placement.py); the cache holds the repeated heads."""
         hf_config = (model_config or self.config.model_config).hf_text_config
-        num_heads = hf_config.num_attention_heads
+        num_heads = getattr(hf_config, "num_attention_heads", 1)  # none in a state-space model
         num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or num_heads
         num_kv_heads = num_cache_kv_heads(num_kv_heads, self.config.parallel_config.tensor_parallel_size)
         block_size = self.config.cache_config.block_size

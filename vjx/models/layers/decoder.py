@@ -174,7 +174,7 @@ class DecoderForCausalLM(nnx.Module):
     ):
         # The language model's config: `hf_config` itself, unless multimodal (Gemma 3).
         text_config = hf_config.get_text_config()
-        args = DecoderArgs.from_hf_config(text_config)
+        args = self.decoder_args(text_config)
         dtype = jnp.dtype(dtype)
         ctx = BuildContext(text_config, args, dtype, backend, rngs, max_model_len, enable_expert_parallel)
         norm = self.make_norm(ctx, args.hidden_size)
@@ -195,6 +195,11 @@ class DecoderForCausalLM(nnx.Module):
             )
         )
         self.logits_args = self.make_logits_args(ctx)
+
+    @classmethod
+    def decoder_args(cls, hf_config: Any) -> DecoderArgs:
+        """The family's sizes, for a config whose fields have other names than Llama's."""
+        return DecoderArgs.from_hf_config(hf_config)
 
     def make_norm(self, ctx: BuildContext, num_features: int) -> nnx.Module:
         """The family's RMSNorm over `num_features` (the final norm uses it too)."""
@@ -241,11 +246,14 @@ class DecoderForCausalLM(nnx.Module):
         return decoder.norm(x), new_caches, jnp.concatenate(aux[:-1], axis=-1)
 
     def get_kv_cache_spec(self, block_size: int, num_kv_heads: int, dtype: str) -> dict[str, KVCacheSpec]:
-        """Each attention layer's KV cache spec, by layer name, in layer order."""
-        return {
-            f"model.layers.{i}.self_attn": layer.self_attn.get_kv_cache_spec(block_size, num_kv_heads, dtype)
-            for i, layer in enumerate(self.model.layers)
-        }
+        """Each layer's cache spec, by the name of the module that keeps the cache (the
+        attention, `self_attn`, unless the layer's `CACHE_MODULE` names another, as a Mamba
+        layer's mixer), in layer order."""
+        specs = {}
+        for i, layer in enumerate(self.model.layers):
+            name = getattr(layer, "CACHE_MODULE", "self_attn")
+            specs[f"model.layers.{i}.{name}"] = getattr(layer, name).get_kv_cache_spec(block_size, num_kv_heads, dtype)
+        return specs
 
     def compute_logits(self, hidden: Float[Array, "R D"]) -> Float[Array, "R V"]:
         """float32 logits; the head runs in the model dtype and is then upcast, as HF does.
