@@ -8,6 +8,7 @@ import pytest
 import torch
 import transformers
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from transformers.models.bamba.modeling_bamba import BambaRotaryEmbedding, apply_rotary_pos_emb
 from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
 from transformers.models.gpt_oss import modeling_gpt_oss
 from transformers.models.qwen3 import modeling_qwen3
@@ -39,11 +40,27 @@ def test_gemma3_rotates_each_layer_type_with_its_parameters(layer_type):
     np.testing.assert_array_equal(np.asarray(ours.inv_freq, np.float32), inv_freq.numpy())
 
 
-def test_partial_rotary_factor_is_refused():
+def test_partial_rotary_factor_rotates_the_leading_dims_only():
+    """Bamba's factor 0.5: HF's frequencies over the first half of each head, the rest passed through."""
+    config = transformers.BambaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
+    assert config.rope_parameters["partial_rotary_factor"] == 0.5
+    ours = RotaryEmbedding.from_hf_config(config, 16)
+    inv_freq, _ = BambaRotaryEmbedding.compute_default_rope_parameters(config)
+    np.testing.assert_array_equal(np.asarray(ours.inv_freq, np.float32), inv_freq.numpy())
+    x = np.random.default_rng(0).standard_normal((5, 2, 16)).astype(np.float32)
+    positions = np.arange(3, 8)
+    rotated = np.asarray(ours(jnp.asarray(x), jnp.asarray(positions)))
+    np.testing.assert_array_equal(rotated[..., 8:], x[..., 8:])
+    cos, sin = BambaRotaryEmbedding(config)(torch.as_tensor(x), torch.as_tensor(positions)[None])
+    expected, _ = apply_rotary_pos_emb(torch.as_tensor(x)[None], torch.as_tensor(x)[None], cos, sin, unsqueeze_dim=2)
+    np.testing.assert_allclose(rotated, expected[0].numpy(), atol=1e-6, rtol=0)
+
+
+def test_a_partial_rotary_factor_of_odd_dims_is_refused():
     config = family_config("phi3")
-    config.rope_parameters = {**config.rope_parameters, "partial_rotary_factor": 0.5}
-    with pytest.raises(ValueError, match="partial_rotary_factor must be 1.0, got 0.5"):
-        RotaryEmbedding.from_hf_config(config, config.head_dim)
+    config.rope_parameters = {**config.rope_parameters, "partial_rotary_factor": 0.1875}
+    with pytest.raises(ValueError, match=r"partial_rotary_factor must be in \(0, 1\] .* got 0.1875 \(3 dims\)"):
+        RotaryEmbedding.from_hf_config(config, 16)
 
 
 def _yarn_config(name: str):

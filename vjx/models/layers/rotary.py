@@ -1,7 +1,9 @@
 """Rotary position embedding in Hugging Face's convention (rotate_half, HF q/k weight layout).
 
 The two halves of each head (not interleaved pairs as in llama.cpp) form the rotated
-planes: x * cos + rotate_half(x) * sin with cos/sin = [freqs, freqs]. Inverse frequencies
+planes: x * cos + rotate_half(x) * sin with cos/sin = [freqs, freqs]. With a
+`partial_rotary_factor` below one (Bamba), only the first `head_dim * factor` dimensions of a
+head rotate (their halves form the planes) and the rest pass through, as in HF. Inverse frequencies
 are computed once on the host in float32, as HF does, so scaled variants (llama3, linear,
 YaRN) match HF bit for bit before the rotation wherever torch rounds theta ** (2i / H)
 correctly (its vectorized pow is one ulp off in two planes at gpt-oss's theta 150000).
@@ -38,6 +40,7 @@ class RotaryEmbedding:
         keys then never need re-rotating (HF instead switches on the current length)."""
         params = rope_parameters(hf_config, layer_type)
         rope_type = params["rope_type"]
+        head_dim = _rotary_dim(head_dim, params.get("partial_rotary_factor", 1.0))
         powers = _rope_powers(float(params["rope_theta"]), head_dim)
         inv_freq = np.float32(1.0) / powers
         attention_scaling = 1.0
@@ -63,8 +66,11 @@ class RotaryEmbedding:
             cos, sin = cos * self.attention_scaling, sin * self.attention_scaling
         cos = cos.astype(x.dtype)[:, None, :]
         sin = sin.astype(x.dtype)[:, None, :]
-        x1, x2 = jnp.split(x, 2, axis=-1)
-        return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
+        rotary_dim = 2 * len(self.inv_freq)
+        x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
+        x1, x2 = jnp.split(x_rot, 2, axis=-1)
+        rotated = x_rot * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
+        return rotated if rotary_dim == x.shape[-1] else jnp.concatenate([rotated, x_pass], axis=-1)
 
 
 def rope_parameters(hf_config: Any, layer_type: str | None = None) -> dict[str, Any]:
@@ -82,10 +88,20 @@ def rope_parameters(hf_config: Any, layer_type: str | None = None) -> dict[str, 
         if extra:
             params.update(extra)
     params["rope_type"] = params.get("rope_type") or params.get("type") or "default"
-    partial_factor = params.get("partial_rotary_factor", 1.0)
-    if partial_factor != 1.0:
-        raise ValueError(f"partial_rotary_factor must be 1.0, got {partial_factor}.")
+    if "partial_rotary_factor" not in params and getattr(hf_config, "partial_rotary_factor", None) is not None:
+        params["partial_rotary_factor"] = hf_config.partial_rotary_factor
     return params
+
+
+def _rotary_dim(head_dim: int, partial_rotary_factor: float) -> int:
+    """The dimensions of a head that rotate: `head_dim * partial_rotary_factor`, as HF rounds it."""
+    rotary_dim = int(head_dim * partial_rotary_factor)
+    if not 0 < partial_rotary_factor <= 1 or rotary_dim < 2 or rotary_dim % 2:
+        raise ValueError(
+            f"partial_rotary_factor must be in (0, 1] and give an even number of rotated dims of the "
+            f"{head_dim}, got {partial_rotary_factor} ({rotary_dim} dims)."
+        )
+    return rotary_dim
 
 
 def _rope_powers(theta: float, head_dim: int) -> np.ndarray:
