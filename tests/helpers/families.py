@@ -228,6 +228,20 @@ FAMILIES["mamba2"] = lambda: transformers.Mamba2Config(
 )
 """Mamba2: 8 heads of 16 in 2 groups, state 16, chunks of 32 (the long prompts span ten)."""
 
+FAMILIES["bamba"] = lambda: transformers.BambaConfig(
+    **COMMON,
+    num_hidden_layers=3,
+    attn_layer_indices=[1],
+    mamba_n_heads=8,
+    mamba_d_head=16,
+    mamba_n_groups=2,
+    mamba_d_state=16,
+    mamba_d_conv=4,
+    mamba_chunk_size=32,
+    mamba_conv_bias=True,
+)
+"""Bamba: Mamba2, attention (rotating half of each head), Mamba2; each with a gated MLP."""
+
 ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
@@ -245,6 +259,7 @@ ARCHITECTURES = {
     "deepseek_v2": "DeepseekV2ForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
     "mamba2": "Mamba2ForCausalLM",
+    "bamba": "BambaForCausalLM",
 }
 
 MIN_PROMPT_LEN = {"phi3_longrope": 65}

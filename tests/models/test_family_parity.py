@@ -21,6 +21,9 @@ from vjx.models.loader import get_model
 from vjx.sharding.mesh import make_mesh
 
 ATOL = 1e-4
+CHUNKED_ATOL = {"bamba": 2e-5, "mamba2": 2e-5}
+"""The SSD scan groups a prompt's tokens in chunks from each step's first token, so a split
+regroups every chunk after it: the same sums in float32, in another order."""
 TP_ATOL = 1e-4  # float32 sums split over devices round differently
 LONG_PROMPT = 300
 NUM_GREEDY = 32
@@ -57,7 +60,7 @@ def test_chunked_prefill_equals_unchunked(family):
         logits, kv_caches = prefill(family.model, token_ids[start:end], start, blocks, kv_caches)
         chunks.append(logits)
         start = end
-    np.testing.assert_allclose(np.concatenate(chunks), whole, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(np.concatenate(chunks), whole, atol=CHUNKED_ATOL.get(family.name, 1e-5), rtol=0)
 
 
 @pytest.mark.parametrize("tensor_parallel_size", [2, 4])

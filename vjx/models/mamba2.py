@@ -25,7 +25,7 @@ from vjx.models.layers.norm import RMSNorm
 class Mamba2DecoderLayer(nnx.Module):
     """x + mixer(norm(x)); the mixer keeps the layer's state slots."""
 
-    CACHE_MODULE = "mixer"
+    cache_module = "mixer"
 
     def __init__(self, args: MambaArgs, *, residual_in_fp32: bool, dtype, rngs: nnx.Rngs):
         self.norm = RMSNorm(args.hidden_size, eps=args.norm_eps, dtype=dtype)

@@ -4,6 +4,7 @@ from typing import Any
 
 from flax import nnx
 
+from vjx.models.bamba import BambaForCausalLM
 from vjx.models.deepseek_v2 import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from vjx.models.gemma2 import Gemma2ForCausalLM
 from vjx.models.gemma3 import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
@@ -40,6 +41,7 @@ _MODELS: dict[str, type[nnx.Module]] = {
     "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
     "Mamba2ForCausalLM": Mamba2ForCausalLM,
+    "BambaForCausalLM": BambaForCausalLM,
 }
 
 

@@ -247,11 +247,11 @@ class DecoderForCausalLM(nnx.Module):
 
     def get_kv_cache_spec(self, block_size: int, num_kv_heads: int, dtype: str) -> dict[str, KVCacheSpec]:
         """Each layer's cache spec, by the name of the module that keeps the cache (the
-        attention, `self_attn`, unless the layer's `CACHE_MODULE` names another, as a Mamba
+        attention, `self_attn`, unless the layer's `cache_module` names another, as a Mamba
         layer's mixer), in layer order."""
         specs = {}
         for i, layer in enumerate(self.model.layers):
-            name = getattr(layer, "CACHE_MODULE", "self_attn")
+            name = getattr(layer, "cache_module", "self_attn")
             specs[f"model.layers.{i}.{name}"] = getattr(layer, name).get_kv_cache_spec(block_size, num_kv_heads, dtype)
         return specs
 
