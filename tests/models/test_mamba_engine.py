@@ -7,6 +7,7 @@ token) beside other requests' decodes.
 - A pool too small for every request at once preempts some (their state slots are freed and
   they are recomputed from scratch): the tokens are the same, every block comes back, and a
   repeated prompt is never a prefix-cache hit (a state covers the whole prefix).
+- Speculative decoding is refused (a rejected draft would stay in the state).
 One engine runs at a time: each fixture shuts its own down.
 """
 
@@ -107,3 +108,9 @@ def test_preempted_requests_resume_with_the_same_tokens(roomy, tight):
 def test_a_repeated_prompt_is_not_a_prefix_hit(roomy, tight):
     assert tight["again"].num_cached_tokens == 0
     assert list(tight["again"].outputs[0].token_ids) == roomy["batched"][15]
+
+
+def test_speculative_decoding_is_refused(family):
+    ngram = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}
+    with pytest.raises(ValueError, match=r"speculative_config with a model of state-space \(Mamba\) layers"):
+        LLM(family.model_config.model, max_num_seqs=4, speculative_config=ngram, **ENGINE_ARGS)

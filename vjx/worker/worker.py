@@ -24,6 +24,7 @@ from vjx.core.sched.output import SchedulerOutput
 from vjx.kv_cache_interface import (
     KVCacheConfig,
     KVCacheSpec,
+    MambaSpec,
     get_kv_cache_groups,
     kv_cache_dtype_name,
 )
@@ -66,6 +67,7 @@ class Worker:
         logger.info("loaded %s in %.1f s on %d device(s)", config.model_config.model, self.load_time, self.mesh.size)
         self.kv_cache_specs = self.get_kv_cache_spec()
         self.kv_cache_groups = get_kv_cache_groups(self.kv_cache_specs)
+        _check_speculation(config, self.kv_cache_specs)
         self.draft_model, self.draft_kv_cache_specs = self._load_draft_model()
         self.layer_ranges = stage_layer_ranges(len(self.kv_cache_specs), len(self.stage_meshes))
         specs = list(self.kv_cache_specs.values())
@@ -284,3 +286,16 @@ class Worker:
     def apply_model(self, func):
         """`func(model)` on this worker's Flax NNX model."""
         return func(self.model)
+
+
+def _check_speculation(config: VjxConfig, kv_cache_specs: dict[str, KVCacheSpec]) -> None:
+    """Speculative decoding needs every layer to take back rejected drafts: a KV cache just
+    ignores their slots, but a state-space layer has already folded them into its state."""
+    if config.speculative_config is None:
+        return
+    state_layers = [name for name, spec in kv_cache_specs.items() if isinstance(spec, MambaSpec)]
+    if state_layers:
+        raise ValueError(
+            f"speculative_config with a model of state-space (Mamba) layers ({state_layers[0]}, ...) is not "
+            "built yet: a rejected draft token would stay in the layer's state. Leave speculative_config unset."
+        )
