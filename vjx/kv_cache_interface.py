@@ -149,13 +149,21 @@ class MambaSpec(KVCacheSpec):
     """A state-space (Mamba) layer: a fixed-size recurrent state per request instead of a cache
     that grows with its tokens.
 
-    As in vLLM, a request's "block" in this group is its state slot: it holds one block, taken
-    at its first step and kept until it ends, whatever its length (`block_size` only matches the
-    other groups'). The slot holds the layer's states back to back in one row of `dtype`: the
-    causal convolution's last inputs, then the SSM state (`shapes`, in that order). A state
-    covers every token so far, so no prefix of it can be shared: prefix caching finds no hit
-    in this group (vLLM's default; its `align` mode, which keeps states at block boundaries, is
-    not built)."""
+    As in vLLM, a request's "block" in this group is its state slot: it holds one, taken at its
+    first step and kept until it ends, whatever its length (`block_size` only matches the other
+    groups'). The slots are a pool of their own, one per running request
+    (`KVCacheConfig.num_state_slots`), not blocks of the block pool: a state row is far larger
+    than an attention page (Bamba-9B's: 2 MB a layer against 64 kB for 16 tokens of an
+    attention layer), so a block id that carried a state row in every state layer would make
+    each token's attention block cost a whole state. (vLLM keeps one pool and pads the pages of
+    both kinds to one size, sharing each page's memory between a layer of each group; vjx's
+    layers each own their array, so it keeps the states apart instead.)
+
+    A slot holds the layer's states back to back in one row of `dtype`: the causal
+    convolution's last inputs, then the SSM state (`shapes`, in that order). A state covers
+    every token so far, so no prefix of it can be shared: prefix caching finds no hit in this
+    group (vLLM's default; its `align` mode, which keeps states at block boundaries, is not
+    built)."""
 
     shapes: tuple[tuple[int, ...], ...]
     """The state arrays of one slot: ((conv_kernel - 1, conv_dim), (heads, head_dim, state_size))."""
@@ -180,7 +188,7 @@ class MambaSpec(KVCacheSpec):
         return self.state_size * _DTYPE_BYTES[self.dtype]
 
     def max_num_blocks_per_request(self, max_model_len: int, max_num_batched_tokens: int) -> int:
-        return 1
+        return 0  # its slot comes from the state-slot pool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,12 +209,24 @@ class KVCacheConfig:
 
     num_blocks: int
     kv_cache_groups: tuple[KVCacheGroupSpec, ...]
+    num_state_slots: int = 0
+    """Slots of every state-space layer (`MambaSpec`): one per running request and the
+    scratch slot 0; 0 for a model without such layers."""
 
     def __post_init__(self) -> None:
         if self.num_blocks < 2:
             raise ValueError(f"num_blocks must be at least 2 (block 0 is reserved), got {self.num_blocks}.")
         if not self.kv_cache_groups:
             raise ValueError("kv_cache_groups must hold at least one group, got none.")
+        if self.has_state_layers and self.num_state_slots < 2:
+            raise ValueError(
+                f"num_state_slots must be at least 2 (slot 0 is reserved) with state-space layers, got "
+                f"{self.num_state_slots}."
+            )
+
+    @property
+    def has_state_layers(self) -> bool:
+        return any(isinstance(group.kv_cache_spec, MambaSpec) for group in self.kv_cache_groups)
 
     @property
     def block_size(self) -> int:
@@ -218,7 +238,7 @@ class KVCacheConfig:
         return tuple(group_of[name] for name in layer_names)
 
     def max_num_blocks_per_request(self, max_model_len: int, max_num_batched_tokens: int) -> int:
-        """Blocks one request may hold at once, over every group."""
+        """Blocks of the pool one request may hold at once, over every group."""
         return sum(
             group.kv_cache_spec.max_num_blocks_per_request(max_model_len, max_num_batched_tokens)
             for group in self.kv_cache_groups

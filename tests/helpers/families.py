@@ -313,7 +313,7 @@ class Family:
         specs = self.model.get_kv_cache_spec(BLOCK_SIZE, num_kv_heads, "float32").values()
         return [
             jax.device_put(
-                np.zeros(kv_cache_shape(backend, spec, NUM_BLOCKS), np.float32),
+                np.zeros(kv_cache_shape(backend, spec, NUM_BLOCKS, num_state_slots=NUM_BLOCKS), np.float32),
                 jax.devices()[0] if mesh is None else logical_sharding(mesh, kv_cache_axes(backend, spec)),
             )
             for spec in specs

@@ -1,5 +1,6 @@
 """The pool of KV cache blocks: ref counts, the LRU free queue and the prefix-cache index."""
 
+import collections
 from collections.abc import Iterable, Sequence
 
 from vjx.core.kv_cache_utils import (
@@ -26,11 +27,15 @@ class BlockPool:
     freed prefixes.
     """
 
-    def __init__(self, num_gpu_blocks: int, enable_caching: bool) -> None:
+    def __init__(self, num_gpu_blocks: int, enable_caching: bool, num_state_slots: int = 0) -> None:
         if num_gpu_blocks < 2:
             raise ValueError(
                 f"num_gpu_blocks must be at least 2 (block 0 is the reserved null block), got {num_gpu_blocks}."
             )
+        self.num_state_slots = num_state_slots
+        self.free_state_slots = collections.deque(KVCacheBlock(block_id=i) for i in range(1, num_state_slots))
+        """The state-space layers' slots (`KVCacheConfig.num_state_slots`), slot 0 kept as scratch:
+        a pool of their own beside the blocks, never cached, handed out in id order."""
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(block_id=i) for i in range(num_gpu_blocks)]
@@ -154,6 +159,15 @@ class BlockPool:
         stats.num_requests += 1
         stats.num_queried_tokens += num_queried_tokens
         stats.num_hit_tokens += num_hit_tokens
+
+    def get_new_state_slot(self) -> KVCacheBlock:
+        """A free state slot; one is free for every running request (there are max_num_seqs)."""
+        if not self.free_state_slots:
+            raise ValueError(f"get_new_state_slot: all {self.num_state_slots - 1} state slots are in use.")
+        return self.free_state_slots.popleft()
+
+    def free_state_slot(self, slot: KVCacheBlock) -> None:
+        self.free_state_slots.append(slot)
 
     def get_num_free_blocks(self) -> int:
         return self.free_block_queue.num_free_blocks

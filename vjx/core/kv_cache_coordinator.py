@@ -22,7 +22,13 @@ from vjx.kv_cache_interface import KVCacheGroupSpec, KVCacheSpec
 class KVCacheCoordinator(abc.ABC):
     """The per-group managers of every KV cache group, over one shared `BlockPool`."""
 
-    def __init__(self, kv_cache_groups: Sequence[KVCacheGroupSpec], num_gpu_blocks: int, enable_caching: bool) -> None:
+    def __init__(
+        self,
+        kv_cache_groups: Sequence[KVCacheGroupSpec],
+        num_gpu_blocks: int,
+        enable_caching: bool,
+        num_state_slots: int = 0,
+    ) -> None:
         if not kv_cache_groups:
             raise ValueError("kv_cache_groups must hold at least one group, got none.")
         block_sizes = sorted({group.kv_cache_spec.block_size for group in kv_cache_groups})
@@ -30,7 +36,7 @@ class KVCacheCoordinator(abc.ABC):
             raise ValueError(f"kv_cache_groups must share one block_size, got {block_sizes}.")
         self.kv_cache_groups = tuple(kv_cache_groups)
         self.block_size = block_sizes[0]
-        self.block_pool = BlockPool(num_gpu_blocks, enable_caching)
+        self.block_pool = BlockPool(num_gpu_blocks, enable_caching, num_state_slots)
         self.single_type_managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
             get_manager_for_kv_cache_spec(group.kv_cache_spec, self.block_pool, group_id)
             for group_id, group in enumerate(kv_cache_groups)
@@ -100,8 +106,14 @@ class NoPrefixCacheCoordinator(KVCacheCoordinator):
 class UnitaryKVCacheCoordinator(KVCacheCoordinator):
     """Every group has the same attention spec (the common case: one full-attention group)."""
 
-    def __init__(self, kv_cache_groups: Sequence[KVCacheGroupSpec], num_gpu_blocks: int, enable_caching: bool) -> None:
-        super().__init__(kv_cache_groups, num_gpu_blocks, enable_caching)
+    def __init__(
+        self,
+        kv_cache_groups: Sequence[KVCacheGroupSpec],
+        num_gpu_blocks: int,
+        enable_caching: bool,
+        num_state_slots: int = 0,
+    ) -> None:
+        super().__init__(kv_cache_groups, num_gpu_blocks, enable_caching, num_state_slots)
         specs = {group.kv_cache_spec for group in kv_cache_groups}
         if len(specs) > 1:
             raise ValueError(
@@ -127,8 +139,14 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
     agrees. Full attention goes first: its hit bounds the rest cheaply.
     """
 
-    def __init__(self, kv_cache_groups: Sequence[KVCacheGroupSpec], num_gpu_blocks: int, enable_caching: bool) -> None:
-        super().__init__(kv_cache_groups, num_gpu_blocks, enable_caching)
+    def __init__(
+        self,
+        kv_cache_groups: Sequence[KVCacheGroupSpec],
+        num_gpu_blocks: int,
+        enable_caching: bool,
+        num_state_slots: int = 0,
+    ) -> None:
+        super().__init__(kv_cache_groups, num_gpu_blocks, enable_caching, num_state_slots)
         group_ids_by_spec: dict[KVCacheSpec, list[int]] = {}
         for group_id, group in enumerate(kv_cache_groups):
             group_ids_by_spec.setdefault(group.kv_cache_spec, []).append(group_id)
@@ -160,10 +178,11 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
 
 
 def get_kv_cache_coordinator(
-    kv_cache_groups: Sequence[KVCacheGroupSpec], num_gpu_blocks: int, enable_caching: bool
+    kv_cache_groups: Sequence[KVCacheGroupSpec], num_gpu_blocks: int, enable_caching: bool, num_state_slots: int = 0
 ) -> KVCacheCoordinator:
+    args = (kv_cache_groups, num_gpu_blocks, enable_caching, num_state_slots)
     if not enable_caching:
-        return NoPrefixCacheCoordinator(kv_cache_groups, num_gpu_blocks, enable_caching)
+        return NoPrefixCacheCoordinator(*args)
     if len({group.kv_cache_spec for group in kv_cache_groups}) == 1:
-        return UnitaryKVCacheCoordinator(kv_cache_groups, num_gpu_blocks, enable_caching)
-    return HybridKVCacheCoordinator(kv_cache_groups, num_gpu_blocks, enable_caching)
+        return UnitaryKVCacheCoordinator(*args)
+    return HybridKVCacheCoordinator(*args)

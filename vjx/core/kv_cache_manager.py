@@ -47,12 +47,14 @@ class KVCacheManager:
         hash_algo: str = "sha256",
         num_lookahead_tokens: int = 0,
         num_unverified_tokens: int = 0,
+        num_state_slots: int = 0,
     ) -> None:
         """`num_lookahead_tokens`: slots every allocation adds past the new tokens (a
         speculative proposer on the device writes its drafts' KV there after the step).
         `num_unverified_tokens`: computed tokens a request may give back (drafts in flight
         under async scheduling): a sliding window frees blocks only behind them, since the
-        request's true position may be that much earlier."""
+        request's true position may be that much earlier. `num_state_slots`: the state-space
+        layers' slot pool (`KVCacheConfig.num_state_slots`)."""
         if block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {block_size}.")
         if max_model_len < 1:
@@ -72,7 +74,7 @@ class KVCacheManager:
         self.num_unverified_tokens = num_unverified_tokens
         self.enable_caching = enable_caching
         self.hash_fn = get_hash_fn_by_name(hash_algo)
-        self.coordinator = get_kv_cache_coordinator(kv_cache_groups, num_gpu_blocks, enable_caching)
+        self.coordinator = get_kv_cache_coordinator(kv_cache_groups, num_gpu_blocks, enable_caching, num_state_slots)
         self.block_pool: BlockPool = self.coordinator.block_pool
         is_full_attention_only = all(
             isinstance(manager, FullAttentionManager) for manager in self.coordinator.single_type_managers

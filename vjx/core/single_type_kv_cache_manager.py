@@ -194,25 +194,29 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
 
 
 class MambaManager(SingleTypeKVCacheManager):
-    """A state-space layer's group: each request holds one block, its state slot, from its
-    first step to its end. A state covers every token so far, so it is never shared: no
-    prefix is a hit and no block is entered in the prefix cache."""
+    """A state-space layer's group: each request holds one state slot, from the block pool's
+    slot pool rather than its blocks, from its first step to its end. A state covers every
+    token so far, so it is never shared: no prefix is a hit and nothing is cached."""
 
     def get_num_blocks_to_allocate(
         self, request_id: str, num_tokens: int, new_computed_blocks: Sequence[KVCacheBlock]
     ) -> int:
-        return 0 if self.req_to_blocks.get(request_id) else 1
+        return 0  # a running request always finds a slot: there is one for each
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
         req_blocks = self.req_to_blocks[request_id]
         if req_blocks:
             return []
-        new_blocks = self.block_pool.get_new_blocks(1)
-        req_blocks.extend(new_blocks)
-        return new_blocks
+        req_blocks.append(self.block_pool.get_new_state_slot())
+        return list(req_blocks)
 
     def cache_blocks(self, request_id: str, block_hashes: Sequence[BlockHash], num_tokens: int):
         return
+
+    def free(self, request_id: str) -> None:
+        for slot in self.req_to_blocks.pop(request_id, []):
+            self.block_pool.free_state_slot(slot)
+        self.num_cached_block.pop(request_id, None)
 
     def find_longest_cache_hit(
         self, block_hashes: Sequence[BlockHash], max_length: int, kv_cache_group_ids: Sequence[int]

@@ -87,7 +87,7 @@ class MultiprocExecutor(Executor):
     def determine_kv_cache_config(self) -> KVCacheConfig:
         """As many blocks as the fullest process's devices hold."""
         num_blocks = min(self.collective_rpc("determine_num_available_blocks"))
-        return KVCacheConfig(num_blocks, self.worker.kv_cache_groups)
+        return KVCacheConfig(num_blocks, self.worker.kv_cache_groups, self.worker.num_state_slots)
 
     def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> float:
         self.collective_rpc("initialize_from_config", args=(kv_cache_config,))

@@ -1,7 +1,7 @@
 """Each layer's cache array, by its spec: the attention backend's layout for per-head keys
 and values; MLA's latent layout (vjx/attention/mla.py), which has no head axis and is whole
 on every device (each device's heads read every latent); or a Mamba layer's state slots, one
-row of its flattened states per block (vjx/models/layers/mamba_mixer.py), also whole on every
+row of its flattened states per slot (vjx/models/layers/mamba_mixer.py), also whole on every
 device."""
 
 from vjx.attention.backend import AttentionBackend
@@ -12,12 +12,15 @@ MLA_KV_CACHE_AXES = (None, None, None)
 MAMBA_STATE_AXES = (None, None)
 
 
-def kv_cache_shape(backend: AttentionBackend, spec: KVCacheSpec, num_blocks: int) -> tuple[int, ...]:
-    """The shape of one layer's cache of `num_blocks` blocks."""
+def kv_cache_shape(
+    backend: AttentionBackend, spec: KVCacheSpec, num_blocks: int, *, num_state_slots: int
+) -> tuple[int, ...]:
+    """The shape of one layer's cache of `num_blocks` blocks (`num_state_slots` slots for a
+    state-space layer, whose slots are a pool of their own)."""
     if isinstance(spec, MLAAttentionSpec):
         return mla_kv_cache_shape(num_blocks, spec.block_size, spec.latent_dim)
     if isinstance(spec, MambaSpec):
-        return (num_blocks, spec.state_size)
+        return (num_state_slots, spec.state_size)
     assert isinstance(spec, AttentionSpec)
     return backend.kv_cache_shape(num_blocks, spec.block_size, spec.num_kv_heads, spec.head_size)
 

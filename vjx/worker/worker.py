@@ -67,6 +67,9 @@ class Worker:
         logger.info("loaded %s in %.1f s on %d device(s)", config.model_config.model, self.load_time, self.mesh.size)
         self.kv_cache_specs = self.get_kv_cache_spec()
         self.kv_cache_groups = get_kv_cache_groups(self.kv_cache_specs)
+        has_state_layers = any(isinstance(spec, MambaSpec) for spec in self.kv_cache_specs.values())
+        self.num_state_slots = config.scheduler_config.max_num_seqs + 1 if has_state_layers else 0
+        """A state slot per running request and the scratch slot 0, for state-space layers."""
         _check_speculation(config, self.kv_cache_specs)
         self.draft_model, self.draft_kv_cache_specs = self._load_draft_model()
         self.layer_ranges = stage_layer_ranges(len(self.kv_cache_specs), len(self.stage_meshes))
@@ -122,25 +125,36 @@ class Worker:
         return model, specs
 
     def _kv_cache_shape(self, spec: KVCacheSpec, num_blocks: int) -> tuple[int, ...]:
-        return kv_cache_shape(self.backend, spec, num_blocks)
+        return kv_cache_shape(self.backend, spec, num_blocks, num_state_slots=self.num_state_slots)
+
+    def _cache_bytes(self, spec: KVCacheSpec, num_blocks: int, sharding) -> int:
+        """Bytes of one layer's cache on each device holding it (a replicated one whole)."""
+        return self._kv_dtype.itemsize * math.prod(sharding.shard_shape(self._kv_cache_shape(spec, num_blocks)))
+
+    def _fullest_stage_bytes(self, num_blocks: int) -> int:
+        """Bytes the caches of `num_blocks` blocks take on the fullest device: its stage's
+        layers (and a draft model's, which takes the same blocks; pipeline stages and a draft
+        model are exclusive), its share of their heads."""
+        items = list(zip(self.kv_cache_specs.values(), self.kv_cache_shardings, strict=True))
+        per_stage = [
+            sum(self._cache_bytes(items[i][0], num_blocks, items[i][1]) for i in layers) for layers in self.layer_ranges
+        ]
+        draft_sharding = self.kv_cache_shardings[0]
+        draft = sum(self._cache_bytes(s, num_blocks, draft_sharding) for s in self.draft_kv_cache_specs.values())
+        return max(per_stage) + draft
 
     def get_kv_block_bytes(self) -> int:
-        """Bytes one KV block id takes on the fullest device: its stage's layers, its share of
-        their heads."""
-        specs = list(self.kv_cache_specs.values())
-        per_stage = [
-            sum(self._kv_dtype.itemsize * math.prod(self._kv_cache_shape(specs[i], 1)) for i in layers)
-            for layers in self.layer_ranges
-        ]
-        # A draft model's cache takes the same blocks (pipeline stages and a draft model are exclusive).
-        draft = sum(
-            self._kv_dtype.itemsize * math.prod(self._kv_cache_shape(s, 1)) for s in self.draft_kv_cache_specs.values()
-        )
-        return (max(per_stage) + draft) // self.mesh.size
+        """Bytes one more KV block id takes on the fullest device (0 for a model whose caches
+        are all state slots)."""
+        return self._fullest_stage_bytes(1) - self._fullest_stage_bytes(0)
+
+    def get_state_bytes(self) -> int:
+        """Bytes the state-space layers' slots take on the fullest device, whatever the blocks."""
+        return self._fullest_stage_bytes(0)
 
     def determine_kv_cache_config(self) -> KVCacheConfig:
         """The layers grouped by spec, and as many blocks as the memory left holds."""
-        return KVCacheConfig(self.determine_num_available_blocks(), self.kv_cache_groups)
+        return KVCacheConfig(self.determine_num_available_blocks(), self.kv_cache_groups, self.num_state_slots)
 
     def determine_num_available_blocks(self) -> int:
         """KV blocks that fit `kv_cache_memory_bytes`, else the memory left after weights and
@@ -149,19 +163,22 @@ class Worker:
         cache_config = self.config.cache_config
         if cache_config.num_gpu_blocks_override is not None:
             return cache_config.num_gpu_blocks_override
+        block_bytes = self.get_kv_block_bytes()
+        if block_bytes == 0:
+            return 2  # only state slots: the block pool holds the null block and one unused
         # This process's devices (over several processes, each sizes its own; rank 0 takes the least).
         all_stats = [device.memory_stats() for mesh in self.stage_meshes for device in mesh.local_devices]
         if cache_config.kv_cache_memory_bytes is not None:
-            budget = cache_config.kv_cache_memory_bytes
+            budget = cache_config.kv_cache_memory_bytes - self.get_state_bytes()
         elif any(stats is None for stats in all_stats):
-            budget = min(_HOST_KV_CACHE_BYTES, self._max_num_seqs_blocks() * self.get_kv_block_bytes())
+            budget = min(_HOST_KV_CACHE_BYTES, self._max_num_seqs_blocks() * block_bytes)
         else:
             budget = min(
                 stats["bytes_limit"] * cache_config.gpu_memory_utilization - stats["bytes_in_use"]
                 for stats in all_stats
             )
-            budget -= self._activation_bytes()
-        num_blocks = int(budget // self.get_kv_block_bytes())
+            budget -= self._activation_bytes() + self.get_state_bytes()
+        num_blocks = int(budget // block_bytes)
         if num_blocks < 2:
             raise ValueError(
                 "no memory is left for the KV cache: raise gpu_memory_utilization "
@@ -173,7 +190,7 @@ class Worker:
     def _max_num_seqs_blocks(self) -> int:
         """Blocks `max_num_seqs` requests of `max_model_len` tokens hold at once, and block 0."""
         sched = self.config.scheduler_config
-        per_request = KVCacheConfig(2, self.kv_cache_groups).max_num_blocks_per_request(
+        per_request = KVCacheConfig(2, self.kv_cache_groups, self.num_state_slots).max_num_blocks_per_request(
             sched.max_model_len, sched.max_num_batched_tokens
         )
         return sched.max_num_seqs * per_request + 1
@@ -181,7 +198,7 @@ class Worker:
     def _activation_bytes(self) -> int:
         """Scratch memory of the largest step on one device, from XLA's memory analysis of a
         tiny-cache compile."""
-        kv_cache_config = KVCacheConfig(2, self.kv_cache_groups)
+        kv_cache_config = KVCacheConfig(2, self.kv_cache_groups, self.num_state_slots)
         caches = self._allocate_kv_caches(2)
         runner = ModelRunner(self.config, self.model, caches, self.mesh, kv_cache_config, self.stage_meshes)
         largest = max(runner.layouts)

@@ -49,6 +49,11 @@ def _verify_config(scheduler_config: SchedulerConfig, kv_cache_config: KVCacheCo
             f"one request of max_model_len={max_model_len} tokens may hold at once: a request that "
             "long could never run."
         )
+    if kv_cache_config.has_state_layers and kv_cache_config.num_state_slots - 1 < scheduler_config.max_num_seqs:
+        raise ValueError(
+            f"num_state_slots={kv_cache_config.num_state_slots} must be at least max_num_seqs + 1 "
+            f"({scheduler_config.max_num_seqs + 1}): every running request holds a state slot (slot 0 is reserved)."
+        )
 
 
 @dataclasses.dataclass
@@ -133,6 +138,7 @@ class Scheduler:
             hash_algo=cache_config.prefix_caching_hash_algo,
             num_lookahead_tokens=scheduler_config.num_lookahead_tokens,
             num_unverified_tokens=scheduler_config.num_spec_tokens if scheduler_config.async_scheduling else 0,
+            num_state_slots=kv_cache_config.num_state_slots,
         )
         self.requests: dict[str, Request] = {}
         self.running: list[Request] = []
