@@ -35,6 +35,9 @@ class Linear(nnx.Module, HFParamLayer):
     has them (before the loader repeats KV heads for tensor parallelism)."""
 
     quant_method: LinearMethod = UnquantizedLinearMethod()
+    lora: nnx.Module | None = None
+    """A LoRA companion (vjx/lora/layers.py) adding each token's adapter delta to the output;
+    None: no LoRA, the layer is its method alone."""
 
     def __init__(
         self,
@@ -60,7 +63,10 @@ class Linear(nnx.Module, HFParamLayer):
         return {**self.quant_method.HF_NAMES, "bias": "bias"}
 
     def __call__(self, x: Float[Array, "..."]) -> Float[Array, "..."]:
-        return self.quant_method.apply(self, x)
+        y = self.quant_method.apply(self, x)
+        if self.lora is not None:
+            y = y + self.lora(x).astype(y.dtype)
+        return y
 
     def to_param_layout(self, attr: str, tensors: Sequence[np.ndarray]) -> np.ndarray:
         return self.quant_method.to_param_layout(self, attr, tensors)
