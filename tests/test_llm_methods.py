@@ -17,6 +17,7 @@ from tests.helpers.tiny_default_model import TINY_DEFAULT_ARGS, save_tiny_defaul
 from tests.helpers.worker_rpc import model_class_name, worker_summary
 from vjx import LLM, EngineArgs, SamplingParams
 from vjx.engine.llm_engine import LLMEngine
+from vjx.lora.request import LoRARequest
 from vjx.models import default_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
@@ -153,9 +154,9 @@ def test_generate_passes_one_priority_per_prompt(llm, monkeypatch, reference):
     seen = []
     add_request = llm.llm_engine.add_request
 
-    def spy(request_id, prompt, params, priority=0, prompt_text=None):
+    def spy(request_id, prompt, params, priority=0, prompt_text=None, lora_request=None):
         seen.append(priority)
-        add_request(request_id, prompt, params, priority, prompt_text)
+        add_request(request_id, prompt, params, priority, prompt_text, lora_request)
 
     monkeypatch.setattr(llm.llm_engine, "add_request", spy)
     outputs = llm.generate(PROMPTS[:4], GREEDY, use_tqdm=False, priority=[3, 0, 2, 1])
@@ -167,7 +168,7 @@ def test_generate_passes_one_priority_per_prompt(llm, monkeypatch, reference):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"lora_request": object()}, {"tokenization_kwargs": {"padding": True}}, {"mm_processor_kwargs": {"a": 1}}],
+    [{"tokenization_kwargs": {"padding": True}}, {"mm_processor_kwargs": {"a": 1}}],
 )
 def test_unsupported_generate_keywords_raise_value_error(llm, kwargs):
     with pytest.raises(ValueError, match=f"{next(iter(kwargs))}.* not supported by vjx"):
@@ -367,6 +368,14 @@ def test_bad_chat_messages_raise(llm, messages, match):
         llm.chat(messages, SHORT, use_tqdm=False)
 
 
-def test_chat_refuses_lora(llm):
-    with pytest.raises(ValueError, match="lora_request is not supported by vjx"):
-        llm.chat([{"role": "user", "content": "Hi"}], SHORT, use_tqdm=False, lora_request=object())
+def test_lora_requests_need_enable_lora(llm):
+    adapter = LoRARequest("sql", 1, "/adapters/sql")
+    with pytest.raises(ValueError, match="lora_request 'sql' needs an engine started with enable_lora=True"):
+        llm.chat([{"role": "user", "content": "Hi"}], SHORT, use_tqdm=False, lora_request=adapter)
+    with pytest.raises(ValueError, match="lora_request must be a LoRARequest, one per prompt, or None; got object"):
+        llm.generate(PROMPTS[0], GREEDY, use_tqdm=False, lora_request=object())
+    with pytest.raises(ValueError, match="lora_request must be a vjx LoRARequest or None, got dict"):
+        llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False, lora_request=[{"lora_name": "sql"}])
+    with pytest.raises(ValueError, match=r"lora_request must be one LoRARequest or 2 \(one per prompt\), got 1"):
+        llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False, lora_request=[adapter])
+    assert not llm.llm_engine.has_unfinished_requests()

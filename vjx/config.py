@@ -8,6 +8,7 @@ returned by the part that measures them and passed on, not written back here.
 import dataclasses
 from typing import Any
 
+from vjx.lora.config import LoRAConfig
 from vjx.models import generation_config as gen_config
 
 
@@ -117,6 +118,9 @@ class SchedulerConfig:
     """vLLM's observability option, read by the scheduler only: "none", "summary" (each
     request's acceptance counts and histogram, on its final output) or "detailed" (also the
     counts of every verify step). "none" without speculative decoding."""
+    max_loras: int = 0
+    """Most distinct LoRA adapters among the running requests (`LoRAConfig.max_loras`, the
+    device's slots); 0: LoRA off."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,6 +221,8 @@ class VjxConfig:
     """EngineCore times the host's part of every step and logs it (vjx/engine/step_profiler.py)."""
     speculative_config: SpeculativeConfig | None = None
     """None: no speculative decoding."""
+    lora_config: LoRAConfig | None = None
+    """None: no LoRA adapters (`enable_lora` off)."""
 
     @property
     def num_speculative_tokens(self) -> int:

@@ -28,6 +28,7 @@ from vjx.config import (
 from vjx.engine.parallel_args import verify_data_parallel, verify_multi_node
 from vjx.engine.vllm_args import FLAG_ALIASES, SERVER, VLLM_ARG_BY_NAME, VllmCompatArgs, verify_vllm_args
 from vjx.kv_cache_interface import KV_CACHE_DTYPES
+from vjx.lora.config import MAX_LORA_RANK_LIMIT, create_lora_config
 from vjx.models import hub
 from vjx.models.registry import verify_tensor_parallel
 from vjx.quantization import QUANTIZATION_METHODS, get_quantization_config
@@ -247,6 +248,10 @@ class EngineArgs(VllmCompatArgs):
         "(bonus token included), the draft acceptance rate and the histogram of drafts accepted per verify "
         "step; 'detailed': also the accepted and drafted counts of every verify step. Needs speculative_config.",
     )
+    enable_lora: bool = _field(False, "Serve LoRA adapters: requests name one with a LoRARequest.")
+    max_loras: int = _field(1, "Adapters on the device at once (the most distinct ones in a step).")
+    max_lora_rank: int = _field(16, f"Largest adapter rank, 1 to {MAX_LORA_RANK_LIMIT}.")
+    max_cpu_loras: int | None = _field(None, "Adapters kept in host memory, >= max_loras (None: max_loras).")
     load_format: str = _field("auto", f"How to read weights: one of {_LOAD_FORMATS}.")
     quantization: str | None = _field(
         None,
@@ -285,6 +290,7 @@ class EngineArgs(VllmCompatArgs):
         verify_vllm_args(self)
         # A speculative_config vjx cannot run (or metrics without one) is refused before any model loads.
         _verify_spec_decode_metrics(self.per_request_spec_decode_metrics, self._speculative_config())
+        create_lora_config(self.enable_lora, self.max_loras, self.max_lora_rank, self.max_cpu_loras)
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {list(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}.")
         if self.distributed_executor_backend not in (None, *_EXECUTOR_BACKENDS):
@@ -370,6 +376,7 @@ class EngineArgs(VllmCompatArgs):
             structured_outputs_config=StructuredOutputsConfig(reasoning_parser=self.reasoning_parser),
             profile_host=self.profile_host,
             speculative_config=speculative_config,
+            lora_config=create_lora_config(self.enable_lora, self.max_loras, self.max_lora_rank, self.max_cpu_loras),
         )
 
     def create_parallel_config(self) -> ParallelConfig:
@@ -525,6 +532,7 @@ class EngineArgs(VllmCompatArgs):
             num_lookahead_tokens=0 if speculative_config is None else speculative_config.num_lookahead_tokens,
             num_spec_tokens=0 if speculative_config is None else speculative_config.num_speculative_tokens,
             per_request_spec_decode_metrics=self.per_request_spec_decode_metrics,
+            max_loras=self.max_loras if self.enable_lora else 0,
         )
 
     def _verify_pipeline(self, hf_text_config, quant_config) -> None:

@@ -12,6 +12,7 @@ from vjx import chat_utils
 from vjx.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from vjx.engine.llm_engine import LLMEngine
 from vjx.engine_args import EngineArgs
+from vjx.lora.request import LoRARequest
 from vjx.outputs import RequestOutput
 from vjx.sampling_params import RequestOutputKind, SamplingParams
 
@@ -101,8 +102,9 @@ class LLM:
         `sampling_params=None` means `get_default_sampling_params()` for every prompt.
         `priority` (one int, or one per prompt) orders requests under
         `scheduling_policy="priority"` (lower first). `tokenization_kwargs` overrides
-        `tokenizer.encode`'s arguments for text prompts (`TOKENIZATION_KWARGS`). vjx has no
-        LoRA and no multimodal inputs: `lora_request` and `mm_processor_kwargs` must be None.
+        `tokenizer.encode`'s arguments for text prompts (`TOKENIZATION_KWARGS`). `lora_request`
+        (one `LoRARequest` for every prompt, or one per prompt; needs `enable_lora`) runs a
+        prompt with that adapter. vjx has no multimodal inputs: `mm_processor_kwargs` must be None.
         As in vLLM, requests queued earlier by `enqueue` finish here too and are returned with
         these. Raises RuntimeError while the engine sleeps.
         """
@@ -125,7 +127,7 @@ class LLM:
         """Adds `generate`'s requests without running the engine and returns their ids;
         `wait_for_completion` runs them. Works while asleep at level 0 (`sleep(level=0)`
         first guarantees every request is queued before any is scheduled)."""
-        _check_unsupported(lora_request=lora_request, mm_processor_kwargs=mm_processor_kwargs)
+        _check_unsupported(mm_processor_kwargs=mm_processor_kwargs)
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -137,7 +139,7 @@ class LLM:
                 prompt if text is None else {"prompt_token_ids": tokenizer.encode(text, **encode_kwargs)}
                 for prompt, text in zip(prompts, texts)
             ]
-        return self._enqueue(prompts, sampling_params, priority, texts)
+        return self._enqueue(prompts, sampling_params, priority, texts, lora_request)
 
     def wait_for_completion(self, output_type: type | tuple[type, ...] | None = None, *, use_tqdm: bool = True):
         """Runs the engine until every queued request finishes; returns their outputs in the
@@ -154,13 +156,16 @@ class LLM:
         if self.llm_engine.is_sleeping():
             raise RuntimeError("The engine is asleep: call wake_up() before generating.")
 
-    def _enqueue(self, prompts: list, sampling_params, priority, prompt_texts: list[str | None]) -> list[str]:
+    def _enqueue(
+        self, prompts: list, sampling_params, priority, prompt_texts: list[str | None], lora_request=None
+    ) -> list[str]:
         params = self._params_per_prompt(len(prompts), sampling_params)
         priorities = _priority_per_prompt(len(prompts), priority)
+        loras = _lora_per_prompt(len(prompts), lora_request)
         # Only the finished outputs are returned, as in vLLM: building the others would cost
         # per token (the caller's params are copied, not changed).
         params = [dataclasses.replace(sp, output_kind=RequestOutputKind.FINAL_ONLY) for sp in params]
-        return self._add_requests(prompts, params, priorities, prompt_texts)
+        return self._add_requests(prompts, params, priorities, prompt_texts, loras)
 
     def chat(
         self,
@@ -219,7 +224,7 @@ class LLM:
         mm_processor_kwargs: dict[str, Any] | None = None,
     ) -> list[str]:
         """`chat`'s requests added without running the engine (see `enqueue`); returns their ids."""
-        _check_unsupported(lora_request=lora_request, mm_processor_kwargs=mm_processor_kwargs)
+        _check_unsupported(mm_processor_kwargs=mm_processor_kwargs)
         template_kwargs = {
             "add_generation_prompt": add_generation_prompt,
             "continue_final_message": continue_final_message,
@@ -239,7 +244,7 @@ class LLM:
         ]
         encode_kwargs = _encode_kwargs(tokenization_kwargs or {}, add_special_tokens=False)
         prompts = [{"prompt_token_ids": tokenizer.encode(text, **encode_kwargs)} for text in texts]
-        return self._enqueue(prompts, sampling_params, priority, texts)
+        return self._enqueue(prompts, sampling_params, priority, texts, lora_request)
 
     def beam_search(self, prompts, params: BeamSearchParams) -> list[BeamSearchOutput]:
         """Beam search over each prompt (vLLM's `LLM.beam_search`); outputs in prompt order.
@@ -334,14 +339,19 @@ class LLM:
         return list(sampling_params)
 
     def _add_requests(
-        self, prompts, params: list[SamplingParams], priorities: list[int], prompt_texts: list[str | None]
+        self,
+        prompts,
+        params: list[SamplingParams],
+        priorities: list[int],
+        prompt_texts: list[str | None],
+        loras: list[LoRARequest | None],
     ) -> list[str]:
         """Adds every request, or none: a bad prompt aborts the ones already added."""
         request_ids = []
         try:
-            for prompt, sp, priority, text in zip(prompts, params, priorities, prompt_texts):
+            for prompt, sp, priority, text, lora in zip(prompts, params, priorities, prompt_texts, loras):
                 request_id = str(next(self.request_counter))
-                self.llm_engine.add_request(request_id, prompt, sp, priority, prompt_text=text)
+                self.llm_engine.add_request(request_id, prompt, sp, priority, prompt_text=text, lora_request=lora)
                 request_ids.append(request_id)
         except Exception:
             self.llm_engine.abort_request(request_ids)
@@ -398,6 +408,23 @@ def _check_unsupported(**arguments) -> None:
         if value is not None and value != {}:
             what = "vjx serves text models" if name == "mm_processor_kwargs" else "vjx has no such feature"
             raise ValueError(f"{name} is not supported by vjx ({what}); pass None, got {value!r}.")
+
+
+def _lora_per_prompt(num_prompts: int, lora_request) -> list[LoRARequest | None]:
+    """vLLM's rule: one LoRARequest (or None) applies to every prompt, a list pairs up."""
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * num_prompts
+    if not isinstance(lora_request, Sequence) or isinstance(lora_request, str):
+        raise ValueError(
+            f"lora_request must be a LoRARequest, one per prompt, or None; got {type(lora_request).__name__}."
+        )
+    loras = list(lora_request)
+    if len(loras) != num_prompts:
+        raise ValueError(f"lora_request must be one LoRARequest or {num_prompts} (one per prompt), got {len(loras)}.")
+    for lora in loras:
+        if lora is not None and not isinstance(lora, LoRARequest):
+            raise ValueError(f"lora_request must be a vjx LoRARequest or None, got {type(lora).__name__}.")
+    return loras
 
 
 def _priority_per_prompt(num_prompts: int, priority) -> list[int]:

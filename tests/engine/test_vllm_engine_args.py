@@ -103,7 +103,9 @@ def test_unsupported_fields_raise_naming_the_field(name):
     [
         ({"decode_context_parallel_size": 2}, "decode_context_parallel_size=2 is not supported by vjx"),
         ({"quantization": "bitsandbytes"}, "quantization='bitsandbytes' is not supported by vjx"),
-        ({"enable_lora": True}, "enable_lora=True is not supported by vjx"),
+        ({"fully_sharded_loras": True}, "fully_sharded_loras=True is not supported by vjx"),
+        ({"enable_lora": True, "max_lora_rank": 0}, r"max_lora_rank must be in \[1, 512\], got 0"),
+        ({"enable_lora": True, "max_loras": 4, "max_cpu_loras": 2}, r"max_cpu_loras \(2\) must be >= max_loras \(4\)"),
         (
             {"speculative_config": {"method": "mtp", "model": "x", "num_speculative_tokens": 2}},
             "speculative_config method='mtp' is not built yet",

@@ -9,6 +9,7 @@ from vjx.core.sched.stats import SchedulerStats
 from vjx.engine import serial
 from vjx.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
 from vjx.engine_args import EngineArgs
+from vjx.lora.request import LoRARequest
 from vjx.outputs import LogprobsLists
 from vjx.sampling_params import RequestOutputKind, SamplingParams
 
@@ -21,7 +22,10 @@ def _request() -> EngineCoreRequest:
         temperature=0.5, stop="x", logit_bias={7: 1.5, 3: -2.0}, output_kind=RequestOutputKind.DELTA, bad_words=["no"]
     )
     params.bad_words_token_ids = [[1, 2], [3]]
-    return EngineCoreRequest("r0", [1, 2, 3], params, eos_token_id=2, arrival_time=1.5, priority=-1, cache_salt="salt")
+    lora = LoRARequest("sql", 3, "/adapters/sql")
+    return EngineCoreRequest(
+        "r0", [1, 2, 3], params, eos_token_id=2, arrival_time=1.5, priority=-1, cache_salt="salt", lora_request=lora
+    )
 
 
 def test_request_round_trip_keeps_init_false_fields_int_keys_and_enums():
@@ -31,6 +35,7 @@ def test_request_round_trip_keeps_init_false_fields_int_keys_and_enums():
     assert decoded.sampling_params.bad_words_token_ids == [[1, 2], [3]]
     assert decoded.sampling_params.logit_bias == {7: 1.5, 3: -2.0}
     assert decoded.sampling_params.output_kind is RequestOutputKind.DELTA
+    assert decoded.lora_request == LoRARequest("sql", 3, "/adapters/sql")
 
 
 def test_outputs_round_trip():

@@ -24,8 +24,8 @@ from tests.lora.lora_models import (
 )
 from vjx.attention.reference import ReferenceBackend
 from vjx.config import ParallelConfig
-from vjx.lora import LoRAAdapter, LoRAModuleWeights, add_lora, clear_slot, load_peft_adapter, write_adapter
-from vjx.lora.layers import _slot_writer
+from vjx.lora.layers import _slot_writer, add_lora, clear_slot, write_adapter
+from vjx.lora.peft_loader import LoRAAdapter, LoRAModuleWeights, load_peft_adapter
 from vjx.models.layers.linear import FusedMergedLinear, FusedQKVLinear, Linear, MergedLinear, QKVLinear
 from vjx.models.registry import get_model_class
 from vjx.sharding.mesh import make_mesh

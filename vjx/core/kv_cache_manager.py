@@ -209,6 +209,7 @@ class KVCacheManager:
                 request.all_token_ids,
                 request.block_hashes,
                 request.cache_salt,
+                None if request.lora_request is None else request.lora_request.lora_name,
             )
         )
 

@@ -82,13 +82,15 @@ def hash_request_tokens(
     token_ids: Sequence[int],
     known_block_hashes: Sequence[BlockHash] = (),
     cache_salt: str | None = None,
+    lora_name: str | None = None,
 ) -> list[BlockHash]:
     """Hashes of the full blocks of `token_ids` past the `known_block_hashes` of its first ones.
 
-    Equal to chaining `hash_block_tokens` block by block; `cache_salt` is the first block's
-    only extra key, and through the chain it changes every later hash too. Passing the hashes
-    already known lets a growing request hash only its newly full blocks; a trailing partial
-    block gets no hash.
+    Equal to chaining `hash_block_tokens` block by block; `cache_salt` and the LoRA adapter's
+    name (vLLM's extra keys) are the first block's only extra keys, and through the chain they
+    change every later hash too: requests of different salts or adapters never share a block.
+    Passing the hashes already known lets a growing request hash only its newly full blocks; a
+    trailing partial block gets no hash.
     """
     if block_size < 1:
         raise ValueError(f"block_size must be at least 1, got {block_size}.")
@@ -104,7 +106,8 @@ def hash_request_tokens(
     start = 0
     parent = known_block_hashes[-1] if num_known else NONE_HASH
     if not num_known:
-        extra = repr((cache_salt,)).encode() if cache_salt else b""
+        extra_keys = ((cache_salt,) if cache_salt else ()) + ((("lora", lora_name),) if lora_name else ())
+        extra = repr(extra_keys).encode() if extra_keys else b""
         parent = _hash_block_bytes(hash_fn, parent, token_bytes[:stride], extra)
         new_hashes.append(parent)
         start = stride

@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING
 
 from vjx.core.kv_cache_utils import BlockHash
 from vjx.engine.messages import EngineCoreEvent, EngineCoreEventType, EngineCoreRequest, FinishReason
+from vjx.lora.request import LoRARequest
 from vjx.sampling_params import SamplingParams
 from vjx.spec_decode.request_metrics import RequestSpecDecodeMetrics
 
@@ -63,6 +64,7 @@ class Request:
         arrival_time: float,
         priority: int = 0,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
@@ -73,6 +75,9 @@ class Request:
         self.cache_salt = cache_salt
         """Mixed into the hash of the first block, so only requests with the same salt share
         cached prefixes (one tenant cannot probe another's prompts by timing)."""
+        self.lora_request = lora_request
+        """The adapter it runs with (None: the base model); its name is mixed into the first
+        block's hash like the salt, since an adapter changes every layer's K/V."""
         self.max_tokens = sampling_params.max_tokens
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
@@ -103,6 +108,7 @@ class Request:
             arrival_time=request.arrival_time,
             priority=request.priority,
             cache_salt=request.cache_salt,
+            lora_request=request.lora_request,
         )
 
     @property

@@ -18,6 +18,7 @@ from vjx.engine.exceptions import EngineDeadError, EngineRequestError
 from vjx.engine.llm_engine import register_request, resolve_trace_dir
 from vjx.engine.processors import make_processors
 from vjx.engine_args import EngineArgs
+from vjx.lora.request import LoRARequest
 from vjx.metrics.stats import IterationStats
 from vjx.outputs import RequestOutput
 from vjx.sampling_params import SamplingParams
@@ -51,7 +52,9 @@ class AsyncLLM:
         outputs."""
         process_setup.setup_process()
         self.config = engine_args.create_engine_config()
-        self.tokenizer, self.input_processor, self.output_processor = make_processors(self.config.model_config)
+        self.tokenizer, self.input_processor, self.output_processor = make_processors(
+            self.config.model_config, self.config.lora_config
+        )
         self.engine_core = AsyncMPClient(engine_args, start_timeout_s, transport)
         self.request_queues: dict[str, asyncio.Queue] = {}
         self.stats_listeners = list(stats_listeners or [])
@@ -85,12 +88,16 @@ class AsyncLLM:
         if self.engine_core.dead_error is not None:
             raise self.engine_core.dead_error
 
-    def _add_request(self, request_id: str, prompt, params: SamplingParams, priority: int) -> asyncio.Queue:
+    def _add_request(
+        self, request_id: str, prompt, params: SamplingParams, priority: int, lora_request: LoRARequest | None = None
+    ) -> asyncio.Queue:
         self._check_alive()
         self._start_output_handler()
         if request_id in self.request_queues:
             raise ValueError(f"request_id {request_id!r} is already in use by an unfinished request.")
-        request, prompt_text = self.input_processor.process_inputs(request_id, prompt, params, priority=priority)
+        request, prompt_text = self.input_processor.process_inputs(
+            request_id, prompt, params, priority=priority, lora_request=lora_request
+        )
         engine_requests = register_request(self.output_processor, request, prompt_text)
         queue: asyncio.Queue = asyncio.Queue()
         self.request_queues[request_id] = queue
@@ -107,18 +114,29 @@ class AsyncLLM:
             self._output_handler = asyncio.get_running_loop().create_task(self._handle_outputs())
 
     def add_request(
-        self, request_id: str, prompt, sampling_params: SamplingParams, priority: int = 0
+        self,
+        request_id: str,
+        prompt,
+        sampling_params: SamplingParams,
+        priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> "RequestOutputStream":
         """Adds the request at once (a bad one raises `ValueError` here) and returns its
         output stream; closing the stream before its last output aborts the request."""
-        return RequestOutputStream(self, request_id, self._add_request(request_id, prompt, sampling_params, priority))
+        queue = self._add_request(request_id, prompt, sampling_params, priority, lora_request)
+        return RequestOutputStream(self, request_id, queue)
 
     async def generate(
-        self, prompt, sampling_params: SamplingParams, request_id: str, priority: int = 0
+        self,
+        prompt,
+        sampling_params: SamplingParams,
+        request_id: str,
+        lora_request: LoRARequest | None = None,
+        priority: int = 0,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Yields the request's outputs as they come (what each holds follows
         `sampling_params.output_kind`; DELTA gives only the new tokens and text)."""
-        stream = self.add_request(request_id, prompt, sampling_params, priority)
+        stream = self.add_request(request_id, prompt, sampling_params, priority, lora_request)
         try:
             async for output in stream:
                 yield output

@@ -6,6 +6,7 @@ here, as a `ValueError` naming the argument, so EngineCore only ever sees valid 
 
 import dataclasses
 import operator
+import os
 import time
 from typing import Any
 
@@ -13,6 +14,8 @@ from transformers import PreTrainedTokenizerBase
 
 from vjx.config import ModelConfig
 from vjx.engine.messages import EngineCoreRequest
+from vjx.lora.config import LoRAConfig
+from vjx.lora.request import LoRARequest
 from vjx.models.generation_config import extra_eos_token_ids
 from vjx.sampling_params import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS, SamplingParams
 from vjx.structured_output.backend_guidance import validate_structured_outputs
@@ -30,6 +33,8 @@ class InputProcessor:
         model_config: ModelConfig,
         tokenizer: PreTrainedTokenizerBase,
         eos_token_id: int | None = None,
+        *,
+        lora_config: LoRAConfig | None = None,
     ):
         """`eos_token_id` overrides the tokenizer's. The generation config's other EOS ids
         become stop token ids of every request (unless `ignore_eos`), as in vLLM.
@@ -41,6 +46,7 @@ class InputProcessor:
         self.extra_eos_token_ids = extra_eos_token_ids(generation_config, self.eos_token_id)
         self.vocab_size = len(tokenizer)
         self.max_logprobs = model_config.max_logprobs
+        self.lora_config = lora_config
 
     def process_inputs(
         self,
@@ -49,6 +55,7 @@ class InputProcessor:
         params: SamplingParams,
         arrival_time: float | None = None,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> tuple[EngineCoreRequest, str | None]:
         """Returns the request for EngineCore and the prompt's text (None for token prompts).
 
@@ -61,6 +68,7 @@ class InputProcessor:
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}.")
         priority = check_int("priority", priority)
+        self._check_lora_request(lora_request)
         cache_salt = None
         if isinstance(prompt, dict) and "cache_salt" in prompt:
             prompt = dict(prompt)
@@ -80,8 +88,22 @@ class InputProcessor:
             arrival_time=time.time() if arrival_time is None else arrival_time,
             priority=priority,
             cache_salt=cache_salt,
+            lora_request=lora_request,
         )
         return request, prompt_text
+
+    def _check_lora_request(self, lora_request: LoRARequest | None) -> None:
+        if lora_request is None:
+            return
+        if not isinstance(lora_request, LoRARequest):
+            raise ValueError(f"lora_request must be a vjx LoRARequest or None, got {type(lora_request).__name__}.")
+        if self.lora_config is None:
+            raise ValueError(f"lora_request {lora_request.lora_name!r} needs an engine started with enable_lora=True.")
+        if not os.path.isfile(os.path.join(lora_request.lora_path, "adapter_config.json")):
+            raise ValueError(
+                f"lora_request {lora_request.lora_name!r}: lora_path {lora_request.lora_path!r} is not a PEFT "
+                "adapter directory (no adapter_config.json)."
+            )
 
     def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         """The prompt's text (None for token prompts) and its token ids."""

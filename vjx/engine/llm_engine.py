@@ -15,6 +15,7 @@ from vjx.engine.output_processor import OutputProcessor
 from vjx.engine.parallel_sampling import ParentRequest
 from vjx.engine.processors import make_processors
 from vjx.engine_args import EngineArgs
+from vjx.lora.request import LoRARequest
 from vjx.metrics.loggers import PrometheusStatLogger
 from vjx.metrics.reader import Metric, get_metrics_snapshot
 from vjx.metrics.stats import IterationStats
@@ -74,7 +75,9 @@ class LLMEngine:
     def __init__(self, engine_args: EngineArgs):
         process_setup.setup_process()
         self.config = engine_args.create_engine_config()
-        self.tokenizer, self.input_processor, self.output_processor = make_processors(self.config.model_config)
+        self.tokenizer, self.input_processor, self.output_processor = make_processors(
+            self.config.model_config, self.config.lora_config
+        )
         if self.config.multiprocess:
             self.engine_core = SyncMPClient(engine_args)
         else:
@@ -94,14 +97,22 @@ class LLMEngine:
         return self.tokenizer
 
     def add_request(
-        self, request_id: str, prompt, params: SamplingParams, priority: int = 0, prompt_text: str | None = None
+        self,
+        request_id: str,
+        prompt,
+        params: SamplingParams,
+        priority: int = 0,
+        prompt_text: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         """Adds a request; one with `n > 1` runs as n child requests, seen as one.
 
         `prompt_text` is what its outputs report as `prompt` when the prompt is given as
         token ids (a rendered chat, say). A request added while the engine sleeps waits
         for `wake_up`."""
-        request, text = self.input_processor.process_inputs(request_id, prompt, params, priority=priority)
+        request, text = self.input_processor.process_inputs(
+            request_id, prompt, params, priority=priority, lora_request=lora_request
+        )
         prompt_text = text if prompt_text is None else prompt_text
         for engine_request in register_request(self.output_processor, request, prompt_text):
             self.engine_core.add_request(engine_request)

@@ -7,6 +7,7 @@ import dataclasses
 import enum
 import time
 
+from vjx.lora.request import LoRARequest
 from vjx.outputs import LogprobsLists
 from vjx.sampling_params import SamplingParams
 from vjx.spec_decode.request_metrics import RequestSpecDecodeMetrics
@@ -37,6 +38,8 @@ class EngineCoreRequest:
     priority: int = 0
     cache_salt: str | None = None
     """Mixed into the first block's hash, so only requests with the same salt share a prefix."""
+    lora_request: LoRARequest | None = None
+    """The LoRA adapter to run with (`enable_lora`); None: the base model."""
 
 
 class EngineCoreEventType(enum.IntEnum):

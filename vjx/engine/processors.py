@@ -13,6 +13,7 @@ from transformers import PreTrainedTokenizerBase
 from vjx.config import ModelConfig
 from vjx.engine.input_processor import InputProcessor
 from vjx.engine.output_processor import OutputProcessor
+from vjx.lora.config import LoRAConfig
 
 
 class Processors(NamedTuple):
@@ -21,7 +22,8 @@ class Processors(NamedTuple):
     output_processor: OutputProcessor
 
 
-def make_processors(model_config: ModelConfig) -> Processors:
+def make_processors(model_config: ModelConfig, lora_config: LoRAConfig | None = None) -> Processors:
     """The model's tokenizer and the input and output processors that share it."""
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_config.tokenizer)
-    return Processors(tokenizer, InputProcessor(model_config, tokenizer), OutputProcessor(tokenizer))
+    input_processor = InputProcessor(model_config, tokenizer, lora_config=lora_config)
+    return Processors(tokenizer, input_processor, OutputProcessor(tokenizer))

@@ -38,14 +38,17 @@ _LOADER = "vjx's loader reads each safetensors tensor straight into its device s
 _NO_REMOTE_CODE = "vjx runs only its built-in architectures, so no remote code is loaded"
 _TEXT_ONLY = "vjx loads text-only language models, so no media is read"
 _MM = "multimodal inputs are not built yet"
-_LORA = "LoRA adapters are not built yet"
+_LORA = "this LoRA option is not built yet (vjx serves PEFT adapters on q/k/v/o and gate/up/down projections)"
 _EP = "vjx runs expert parallelism as enable_expert_parallel (local experts, then an all-reduce); this is not built"
 _DBO = "dual-batch overlap is not built yet"
 _MULTI_NODE = "data-parallel replicas launched from outside (external or hybrid load balancing) are not built yet"
 _API_SERVERS = "several API server processes are not built yet"
 _CONTEXT_PARALLEL = "context parallelism is not built yet"
 _OFFLOAD = "weight and KV offloading are not built yet"
-_MAMBA = "Mamba and linear-attention models are not built yet"
+_MAMBA = (
+    "this state-space option is not built yet (vjx keeps Mamba2 states in the model dtype, without the align mode);"
+    " linear-attention models are not built yet"
+)
 _QUANT = "vjx reads a quantized checkpoint's own quantization_config; an override is not built"
 _KV_SKIP = "every layer's KV cache takes kv_cache_dtype; keeping some layers unquantized is not built"
 _QUANT_OFF = "vjx builds none of the quantization methods vLLM deprecates, so there is none to allow"
@@ -235,12 +238,12 @@ VLLM_ARGS: tuple[VllmArg, ...] = tuple(
         ("mm_processor_device", "auto", "str", UNSUPPORTED, _MM),
         ("mm_ipc_gpu_memory_gb", 0, "float", UNSUPPORTED, _MM),
         ("mm_device_do_normalize", True, "bool", UNSUPPORTED, _MM),
-        ("enable_lora", False, "bool", UNSUPPORTED, _LORA),
-        ("max_loras", 1, "int", UNSUPPORTED, _LORA),
-        ("max_lora_rank", 16, "int", UNSUPPORTED, _LORA),
+        ("enable_lora", False, "bool", VJX, ""),
+        ("max_loras", 1, "int", VJX, ""),
+        ("max_lora_rank", 16, "int", VJX, ""),
         ("default_mm_loras", None, "json", UNSUPPORTED, _LORA),
         ("fully_sharded_loras", False, "bool", UNSUPPORTED, _LORA),
-        ("max_cpu_loras", None, "int", UNSUPPORTED, _LORA),
+        ("max_cpu_loras", None, "int", VJX, ""),
         ("lora_dtype", "auto", "str", UNSUPPORTED, _LORA),
         ("lora_target_modules", None, "strs", UNSUPPORTED, _LORA),
         ("enable_tower_connector_lora", False, "bool", UNSUPPORTED, _LORA),

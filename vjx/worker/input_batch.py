@@ -8,6 +8,7 @@ import dataclasses
 
 import numpy as np
 
+from vjx.lora.request import LoRARequest
 from vjx.sampling_params import SamplingParams
 from vjx.validation import INT32_MAX
 from vjx.worker.block_table import MultiGroupBlockTable
@@ -37,6 +38,8 @@ class CachedRequestState:
     prompt_logprobs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = dataclasses.field(default_factory=list)
     """Rows of prompt logprobs computed so far (the prompt may take several chunks)."""
     has_sent_prompt_logprobs: bool = False
+    lora_request: LoRARequest | None = None
+    """The adapter it runs with (None: the base model)."""
 
 
 class InputBatch:

@@ -25,7 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from vjx.config import VjxConfig
 from vjx.core.sched.output import CachedRequestData, SchedulerOutput
 from vjx.kv_cache_interface import KVCacheConfig
-from vjx.models.llama_eagle3 import aux_hidden_state_layer_ids
+from vjx.lora.worker_manager import LoRAManager
 from vjx.models.loader import DTYPES
 from vjx.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vjx.sharding.pipeline import stage_layer_ranges
@@ -35,13 +35,14 @@ from vjx.spec_decode.config import EAGLE_METHODS
 from vjx.spec_decode.draft_model import DraftModelProposer
 from vjx.spec_decode.eagle import EagleProposer
 from vjx.spec_decode.ngram_proposer import NgramProposer
-from vjx.spec_decode.sample_positions import SPEC_DECODE_INPUTS, accepted_tokens, sample_positions
+from vjx.spec_decode.sample_positions import accepted_tokens, sample_positions
 from vjx.worker.compile_watch import CompileWatch
 from vjx.worker.input_batch import CachedRequestState, InputBatch
 from vjx.worker.pipeline_step import PipelinePlan, compile_pipeline_step, make_pipeline_plan
+from vjx.worker.runner_layouts import make_buffers, make_layouts
 from vjx.worker.slot_tables import SlotTables
 from vjx.worker.step import compile_step
-from vjx.worker.step_inputs import STEP_INPUTS, has_logit_bias, min_tokens_stop_ids
+from vjx.worker.step_inputs import has_logit_bias, min_tokens_stop_ids
 from vjx.worker.step_layout import (
     GENERAL,
     PLAIN,
@@ -50,7 +51,6 @@ from vjx.worker.step_layout import (
     StepLayout,
     query_start_loc,
     ragged_positions,
-    token_buckets,
 )
 from vjx.worker.step_outputs import StepRecord, collect_logprobs
 
@@ -102,17 +102,14 @@ class ModelRunner:
         self.num_spec_tokens = config.num_speculative_tokens
         self.drafts_on_device = self.num_spec_tokens > 0 and sched.async_scheduling
         """Async scheduling: drafts are proposed after each step, kept on the device (async_drafts.py)."""
-        self.layouts = self._make_layouts(config, max_blocks)
+        self.lora = None if config.lora_config is None else LoRAManager(model, config.lora_config)
+        self.layouts = make_layouts(
+            config, max_blocks=max_blocks, num_kv_cache_groups=self.num_kv_cache_groups, block_size=self.block_size
+        )
         self.drafter = self._make_drafter(config, draft)
         self._no_grammar: dict[int, jax.Array] = {}
         """Per sampling-position count, grammar bans of all zeros on the device (no row constrained)."""
-        # Host buffers per bucket, used in turn, one per step in flight (at least two): the CPU
-        # backend may alias a numpy array it was handed, so a buffer is refilled only after
-        # the step that read it finished.
-        self._num_buffers = max(2, config.num_steps_in_flight)
-        self._packed = {
-            t: [PackedBuffer(layout) for _ in range(self._num_buffers)] for t, layout in self.layouts.items()
-        }
+        self._num_buffers, self._packed = make_buffers(config, self.layouts)
         self._num_steps = 0
         self._compiled = {}
         self._seed_rng = np.random.default_rng(config.model_config.seed)
@@ -157,37 +154,6 @@ class ModelRunner:
             model, kv_caches, self.mesh, self.layouts, self.input_batch, self.block_size, self.num_spec_tokens
         )
 
-    def _make_layouts(self, config: VjxConfig, max_blocks: int) -> dict[int, StepLayout]:
-        """One layout per token bucket; with speculative decoding its inputs join the table."""
-        table = STEP_INPUTS.with_inputs(*SPEC_DECODE_INPUTS) if self.num_spec_tokens else STEP_INPUTS
-        is_eagle = self.num_spec_tokens > 0 and config.speculative_config.method in EAGLE_METHODS
-        return {
-            t: StepLayout(
-                t,
-                min(t, self.max_num_reqs),
-                self.max_num_reqs,
-                max_blocks,
-                config.model_config.max_logprobs,
-                self.num_kv_cache_groups,
-                num_bitmask_words=-(-config.model_config.hf_text_config.vocab_size // 32),
-                num_spec_tokens=self.num_spec_tokens,
-                returns_hidden_states=is_eagle,
-                block_size=self.block_size,
-                aux_hidden_state_layers=self._aux_hidden_state_layers(config),
-                table=table,
-            )
-            for t in token_buckets(config.scheduler_config.max_num_batched_tokens)
-        }
-
-    @staticmethod
-    def _aux_hidden_state_layers(config: VjxConfig) -> tuple[int, ...]:
-        """The target layers an EAGLE-3 head reads (none for other methods)."""
-        spec = config.speculative_config
-        if spec is None or spec.method != "eagle3":
-            return ()
-        num_layers = config.model_config.hf_text_config.num_hidden_layers
-        return aux_hidden_state_layer_ids(spec.draft_model_config.hf_config, num_layers)
-
     def _plan_pipeline(self, model: nnx.Module, state, stage_meshes: Sequence[Mesh]) -> PipelinePlan | None:
         """With several stages: their plan; the stage copies of leaves join `param_leaves`."""
         if len(stage_meshes) <= 1:
@@ -210,6 +176,9 @@ class ModelRunner:
             self._compiled = dict(zip(variants, compiled))
         if self.drafter is not None:
             self.drafter.compile_after_step() if self.drafts_on_device else self.drafter.compile()
+        if self.lora is not None:
+            self.lora.warm_up()
+            self._reread_lora_params()
         elapsed = time.perf_counter() - start
         logger.info("compiled %d step variants in %.1f s", len(variants), elapsed)
         return elapsed
@@ -336,6 +305,7 @@ class ModelRunner:
                 seed=(seed if seed is not None else int(self._seed_rng.integers(_SEED_MASK))) & _SEED_MASK,
                 block_ids=tuple(list(ids) for ids in new.block_ids),
                 eos_token_id=new.eos_token_id,
+                lora_request=new.lora_request,
             )
             self.requests[new.req_id] = state
             self._add_to_batch(state, new.num_computed_tokens)
@@ -352,6 +322,8 @@ class ModelRunner:
     def _add_to_batch(self, state: CachedRequestState, num_computed_tokens: int) -> int:
         """The request's slot, -1 when it could not enter the batch (it then fails alone)."""
         try:
+            if self.lora is not None:
+                self.lora.prepare(state.lora_request)
             row = self.input_batch.add_request(state, num_computed_tokens)
             banned = min_tokens_stop_ids(state) if self.input_batch.bans_stop_ids_in_bias[row] else ()
             self.slot_tables.set_slot(row, state.sampling_params, banned)
@@ -474,6 +446,8 @@ class ModelRunner:
             "num_seqs": np.array([num_rows], np.int32),
             **self._prepare_sampling(rows, cu - 1, self._num_outputs(rows, num_pending, seq_lens, num_drafts)),
         }
+        if self.lora is not None:
+            values["lora_slots"] = self._lora_slots(rows, row_of_token)
         sample_starts = None
         if drafts is not None:
             sample_starts, positions_values = sample_positions(num_drafts, cu, seq_lens)
@@ -495,6 +469,19 @@ class ModelRunner:
             sample_starts=sample_starts,
         )
         return buffer, record
+
+    def _lora_slots(self, rows: np.ndarray, row_of_token: np.ndarray) -> np.ndarray:
+        """Each token's LoRA slot, the step's adapters written to the device first (the params
+        re-read after a write: same shapes, so nothing recompiles)."""
+        loras = [self.requests[self.input_batch.req_ids[row]].lora_request for row in rows.tolist()]
+        slots = self.lora.token_slots(loras, row_of_token)
+        self._reread_lora_params()
+        return slots
+
+    def _reread_lora_params(self) -> None:
+        if self.lora.params_changed:
+            self.param_leaves = jax.tree.leaves(nnx.state(self.lora.model))
+            self.lora.params_changed = False
 
     def _pending_index(self, token_rows: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         """Per token (of a row whose tokens start with the last step's sampled one), where it

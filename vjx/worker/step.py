@@ -149,6 +149,8 @@ def model_step(
         f = correct_optimistic_fields(layout, f, prev_sampled)
     input_ids = step_input_ids(f, prev_sampled)
     model = nnx.merge(graphdef, jax.tree.unflatten(treedef, param_leaves))
+    if "lora_slots" in f:
+        model.lora_context.token_slots.set_value(f["lora_slots"])
     attn_metadata = layer_attention_metadata(layout, layer_group_ids, f)
     if layout.aux_hidden_state_layers:
         hidden, kv_caches, returned = model.forward_with_aux_hidden_states(

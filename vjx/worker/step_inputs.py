@@ -406,3 +406,15 @@ STEP_INPUTS = StepInputTable(
         ),
     )
 )
+
+LORA_INPUTS = (
+    StepInput(
+        "lora_slots",
+        np.int32,
+        Per.TOKEN,
+        Source.STEP,
+        "Each token's LoRA adapter slot on the device; -1: the base model (and padding).",
+        padding=-1,
+    ),
+)
+"""With `enable_lora`: the per-token adapter slot every LoRA layer reads (vjx/lora/layers.py)."""

@@ -28,6 +28,7 @@ from vjx.kv_cache_interface import (
     get_kv_cache_groups,
     kv_cache_dtype_name,
 )
+from vjx.lora.layers import add_lora
 from vjx.models.loader import get_model
 from vjx.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vjx.sharding.mesh import make_stage_meshes
@@ -63,6 +64,8 @@ class Worker:
             enable_expert_parallel=config.parallel_config.enable_expert_parallel,
             stage_meshes=self.stage_meshes,
         )
+        if config.lora_config is not None:
+            _add_lora(self.model, config)
         self.load_time = time.perf_counter() - start
         logger.info("loaded %s in %.1f s on %d device(s)", config.model_config.model, self.load_time, self.mesh.size)
         self.kv_cache_specs = self.get_kv_cache_spec()
@@ -316,3 +319,14 @@ def _check_speculation(config: VjxConfig, kv_cache_specs: dict[str, KVCacheSpec]
             f"speculative_config with a model of state-space (Mamba) layers ({state_layers[0]}, ...) is not "
             "built yet: a rejected draft token would stay in the layer's state. Leave speculative_config unset."
         )
+
+
+def _add_lora(model: nnx.Module, config: VjxConfig) -> None:
+    """The model's LoRA slots (`enable_lora`), where the rest of the engine can run them."""
+    if config.speculative_config is not None or config.parallel_config.pipeline_parallel_size > 1:
+        raise ValueError(
+            "enable_lora with speculative_config or pipeline_parallel_size > 1 is not built yet; "
+            "LoRA runs with tensor and data parallelism only."
+        )
+    lora = config.lora_config
+    add_lora(model, max_loras=lora.max_loras, max_lora_rank=lora.max_lora_rank, dtype=config.model_config.dtype)

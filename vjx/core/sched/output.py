@@ -4,6 +4,7 @@ import dataclasses
 
 import numpy as np
 
+from vjx.lora.request import LoRARequest
 from vjx.sampling_params import SamplingParams
 
 
@@ -19,6 +20,8 @@ class NewRequestData:
     num_computed_tokens: int
     eos_token_id: int | None = None
     """Held back, with the stop token ids, while the request is below `min_tokens`."""
+    lora_request: LoRARequest | None = None
+    """The adapter it runs with (None: the base model)."""
 
 
 @dataclasses.dataclass

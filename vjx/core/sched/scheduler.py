@@ -277,11 +277,15 @@ class Scheduler:
 
     def _admit_waiting(self, plan: _StepPlan, skipped: list[Request]) -> None:
         manager = self.kv_cache_manager
+        running_loras = {r.lora_request.lora_int_id for r in self.running if r.lora_request is not None}
         while self.waiting and plan.token_budget > 0:
             if len(self.running) == self.max_num_running_reqs:
                 break
             request = self.waiting.peek_request()
-            if request.structured_output_request is not None and not self._is_grammar_ready(request):
+            is_waiting_for_grammar = request.structured_output_request is not None and not self._is_grammar_ready(
+                request
+            )
+            if is_waiting_for_grammar or not self._lora_fits(request, running_loras):
                 skipped.append(self.waiting.pop_request())
                 continue
             computed_blocks, num_computed_tokens = manager.get_computed_blocks(request)
@@ -298,6 +302,16 @@ class Scheduler:
             self.waiting.pop_request()
             self._admit(request, num_computed_tokens, plan)
             plan.schedule(request, num_new_tokens, new_blocks)
+            if request.lora_request is not None:
+                running_loras.add(request.lora_request.lora_int_id)
+
+    def _lora_fits(self, request: Request, running_loras: set[int]) -> bool:
+        """Whether running `request` keeps the running requests' distinct LoRA adapters within
+        `max_loras` (the device's slots); one that does not waits, keeping its place."""
+        lora = request.lora_request
+        if lora is None or lora.lora_int_id in running_loras:
+            return True
+        return len(running_loras) < self.scheduler_config.max_loras
 
     def _is_grammar_ready(self, request: Request) -> bool:
         """Whether the request's grammar compiled; one that failed is failed by the next update."""
@@ -336,6 +350,7 @@ class Scheduler:
                 block_ids=manager.get_block_ids(request.request_id),
                 num_computed_tokens=request.num_computed_tokens,
                 eos_token_id=request.eos_token_id,
+                lora_request=request.lora_request,
             )
             for request in plan.scheduled_new_reqs
         ]
