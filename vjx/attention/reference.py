@@ -188,7 +188,7 @@ class ReferenceBackend:
         stats_shape = q_TKGH.shape[:-1]
         init = (*_initial_stats(stats_shape, sinks), jnp.zeros((*stats_shape, paged_kv.value_dim), jnp.float32))
         max_chunks = block_tables.shape[1] // pages_per_chunk
-        num_chunks = _num_chunks(md, pages_per_chunk * block_size, max_chunks)
+        num_chunks = _num_chunks(tokens, pages_per_chunk * block_size, max_chunks)
         out_TKGHv, lse_TKG = _normalize(jax.lax.fori_loop(0, num_chunks, chunk_step, init))
         out = out_TKGHv.reshape(num_tokens, num_heads, paged_kv.value_dim).astype(q.dtype)
         return out, lse_TKG.reshape(num_tokens, num_heads)
@@ -249,11 +249,11 @@ def _pad_width(block_tables: Int[Array, "R W"], multiple: int) -> Int[Array, "R 
     return jnp.pad(block_tables, ((0, 0), (0, padded - width)))
 
 
-def _num_chunks(md: AttentionMetadata, keys_per_chunk: int, max_chunks: int) -> Int[Array, ""]:
-    """Chunks the longest real row of the step needs (the loop's trip count)."""
-    is_real = jnp.arange(md.seq_lens.shape[0]) < md.num_seqs[0]
-    longest = jnp.max(jnp.where(is_real, md.seq_lens, 0))
-    return jnp.minimum(-(-longest // keys_per_chunk), max_chunks)
+def _num_chunks(tokens: _TokenRows, keys_per_chunk: int, max_chunks: int) -> Int[Array, ""]:
+    """Chunks the furthest key any real token sees needs (the loop's trip count): its row's
+    last key, or with `context_only` its last cached one (none for fresh prompts)."""
+    num_keys = jnp.max(jnp.where(tokens.is_valid, tokens.position + 1, 0))
+    return jnp.minimum(-(-num_keys // keys_per_chunk), max_chunks)
 
 
 def _initial_stats(stats_shape: tuple[int, ...], sinks: Float[Array, " N"] | None) -> tuple[Array, Array]:
