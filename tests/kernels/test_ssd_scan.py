@@ -93,12 +93,12 @@ def make_step(requests: list[tuple[int, int]], seed: int = 0, head_dim: int = HE
 def check(step: Step, dtype, chunk_size: int, tuning: SsdTuning | None) -> None:
     """The kernel's outputs and final states against the reference's, within TOLERANCE;
     padding tokens get 0 and padding rows keep their states exactly."""
-    inputs = [jnp.asarray(v, dtype) for v in step.inputs]
+    inputs = SsdInputs(*(jnp.asarray(v, dtype) for v in step.inputs))
     ssm_state = jnp.asarray(step.ssm_state)
     kwargs = dict(chunk_size=chunk_size, dt_limit=DT_LIMIT)
-    y, state = mamba_chunk_scan_combined(*inputs, ssm_state, step.md, **kwargs, tuning=tuning, interpret=True)
+    y, state = mamba_chunk_scan_combined(inputs, ssm_state, step.md, **kwargs, tuning=tuning, interpret=True)
     y_ref, state_ref = jax.jit(ssd.mamba_chunk_scan_combined, static_argnames=tuple(kwargs))(
-        *inputs, ssm_state, step.md, **kwargs
+        inputs, ssm_state, step.md, **kwargs
     )
     assert y.dtype == jnp.dtype(dtype) and state.dtype == jnp.float32
     y, y_ref = np.asarray(y, np.float32), np.asarray(y_ref, np.float32)
@@ -154,7 +154,7 @@ def test_lowers_to_triton(dtype):
 
     def scan(*args):  # metadata rebuilt inside: `lower` unflattens no pytree
         *inputs, ssm_state = args[:8]
-        return mamba_chunk_scan_combined(*inputs, ssm_state, AttentionMetadata(*args[8:]), chunk_size=256)
+        return mamba_chunk_scan_combined(SsdInputs(*inputs), ssm_state, AttentionMetadata(*args[8:]), chunk_size=256)
 
     lowered = jax.jit(scan).trace(*inputs, *md_fields).lower(lowering_platforms=("cuda",))
     assert lowered.as_text().count("@__gpu$xla.gpu.triton(") == 1
@@ -184,7 +184,7 @@ def test_bad_shapes_raise(head_dim, state_dim, chunk_size, tuning, argument):
     ssm_state = jnp.zeros((NUM_ROWS, NUM_HEADS, head_dim, state_dim))
     md = make_step(DECODE_REQUESTS).md
     with pytest.raises(ValueError, match=argument):
-        mamba_chunk_scan_combined(*inputs, ssm_state, md, chunk_size=chunk_size, tuning=tuning, interpret=True)
+        mamba_chunk_scan_combined(inputs, ssm_state, md, chunk_size=chunk_size, tuning=tuning, interpret=True)
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ from benchmarks.kernels.attention_cases import gpu_time_ms
 from tests.helpers.attention_batches import relative_error
 from vjx.attention.metadata import AttentionMetadata
 from vjx.kernels.ssd_scan import mamba_chunk_scan_combined as kernel_scan
+from vjx.mamba.ssd import SsdInputs
 from vjx.mamba.ssd import mamba_chunk_scan_combined as reference_scan
 
 pytestmark = pytest.mark.gpu
@@ -56,9 +57,10 @@ def make_step(requests: list[tuple[int, int]], num_tokens: int, num_rows: int, d
 
 @functools.partial(jax.jit, static_argnames="use_kernel")
 def scan(inputs, states, md, use_kernel: bool):
+    inputs = SsdInputs(*inputs)
     if use_kernel:
-        return kernel_scan(*inputs, states, md, chunk_size=CHUNK, dt_limit=DT_LIMIT)
-    return reference_scan(*inputs, states, md, chunk_size=CHUNK, dt_limit=DT_LIMIT)
+        return kernel_scan(inputs, states, md, chunk_size=CHUNK, dt_limit=DT_LIMIT)
+    return reference_scan(inputs, states, md, chunk_size=CHUNK, dt_limit=DT_LIMIT)
 
 
 def check_and_time(label: str, requests, num_tokens: int, num_rows: int, dtype) -> None:

@@ -138,7 +138,7 @@ def _on_slots(op, **kwargs):
 
     def run(*args):
         *inputs, state, md = args
-        rows = mamba_rows(md, inputs[0].shape[0])
+        rows = mamba_rows(md, jax.tree.leaves(inputs)[0].shape[0])
         out, new_states = op(*inputs, rows.initial_states(state), md, **kwargs)
         return out, rows.write_states(state, new_states)
 
@@ -157,7 +157,7 @@ def run_conv(x_TC, layer: ConvLayer, conv_state, step: Step) -> tuple[np.ndarray
 
 
 def run_ssd(form, inputs: SsdInputs, ssm_state, step: Step) -> tuple[np.ndarray, np.ndarray]:
-    y, state = form(*(jnp.asarray(v) for v in inputs), jnp.asarray(ssm_state), step.md)
+    y, state = form(SsdInputs(*(jnp.asarray(v) for v in inputs)), jnp.asarray(ssm_state), step.md)
     return np.asarray(y), np.asarray(state)
 
 

@@ -46,7 +46,7 @@ from jaxtyping import Array, Float
 
 from vjx.attention.metadata import AttentionMetadata
 from vjx.kernels.kv_walk import cdiv, div, full_mask
-from vjx.mamba.ssd import DEFAULT_DT_LIMIT
+from vjx.mamba.ssd import DEFAULT_DT_LIMIT, SsdInputs
 
 
 def _is_power_of_two(x: int) -> bool:
@@ -282,13 +282,7 @@ def _check_shapes(x_THP: Array, dt_TH: Array, B_TGN: Array, C_TGN: Array, ssm_st
 
 @functools.partial(jax.jit, static_argnames=("chunk_size", "dt_limit", "tuning", "interpret"))
 def mamba_chunk_scan_combined(
-    x_THP: Float[Array, "T H P"],
-    dt_TH: Float[Array, "T H"],
-    A_H: Float[Array, " H"],
-    B_TGN: Float[Array, "T G N"],
-    C_TGN: Float[Array, "T G N"],
-    D_H: Float[Array, " H"],
-    dt_bias_H: Float[Array, " H"],
+    inputs: SsdInputs,
     ssm_state_RHPN: Float[Array, "R H P N"],
     md: AttentionMetadata,
     *,
@@ -301,13 +295,14 @@ def mamba_chunk_scan_combined(
     (x's dtype, D skip included, 0 for padding tokens) and each row's final state (float32).
     `ssm_state_RHPN` is each row's state before the step; head_dim, the state dim and
     `chunk_size` must be powers of two >= 16. Padding rows must have empty query ranges."""
+    x_THP, dt_TH, A_H, B_TGN, C_TGN, D_H, dt_bias_H = inputs
     tuning = tuning or SsdTuning()
     g = _geometry(x_THP, B_TGN, chunk_size, tuning)
     _check_shapes(x_THP, dt_TH, B_TGN, C_TGN, ssm_state_RHPN, md)
     dt_TH = jax.nn.softplus(dt_TH.astype(jnp.float32) + dt_bias_H.astype(jnp.float32))
     dt_TH = jnp.clip(dt_TH, *dt_limit)
     num_rows, num_heads, head_dim, _ = ssm_state_RHPN.shape
-    inputs = (md.query_start_loc, x_THP, dt_TH, A_H.astype(jnp.float32), B_TGN, C_TGN, D_H.astype(jnp.float32))
+    operands = (md.query_start_loc, x_THP, dt_TH, A_H.astype(jnp.float32), B_TGN, C_TGN, D_H.astype(jnp.float32))
     call = pl.pallas_call(
         functools.partial(_ssd_kernel, geometry=g),
         out_shape=(
@@ -315,9 +310,9 @@ def mamba_chunk_scan_combined(
             jax.ShapeDtypeStruct(ssm_state_RHPN.shape, jnp.float32),
         ),
         grid=(num_rows + 1, num_heads // g.heads, head_dim // g.block_p),
-        input_output_aliases={len(inputs): 1},  # the final states over the initial ones
+        input_output_aliases={len(operands): 1},  # the final states over the initial ones
         interpret=interpret,
         compiler_params=plgpu.CompilerParams(num_warps=tuning.num_warps, num_stages=tuning.num_stages),
         name="ssd_scan",
     )
-    return call(*inputs, ssm_state_RHPN.astype(jnp.float32))
+    return call(*operands, ssm_state_RHPN.astype(jnp.float32))

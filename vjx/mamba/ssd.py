@@ -70,13 +70,7 @@ _Form = Callable[[_Discretized, Float[Array, "R H P N"], MambaRows], tuple[Array
 
 
 def ssd_scan(
-    x_THP: Float[Array, "T H P"],
-    dt_TH: Float[Array, "T H"],
-    A_H: Float[Array, " H"],
-    B_TGN: Float[Array, "T G N"],
-    C_TGN: Float[Array, "T G N"],
-    D_H: Float[Array, " H"],
-    dt_bias_H: Float[Array, " H"],
+    inputs: SsdInputs,
     ssm_state: Float[Array, "R H P N"],
     md: AttentionMetadata,
     *,
@@ -88,39 +82,25 @@ def ssd_scan(
     chunked form otherwise."""
     chunked = functools.partial(_chunked_form, chunk_size=_checked_chunk_size(chunk_size))
 
-    def either_form(inputs, initial_RHPN, rows):
-        return jax.lax.cond(is_decode_only(md), _decode_form, chunked, inputs, initial_RHPN, rows)
+    def either_form(discretized, initial_RHPN, rows):
+        return jax.lax.cond(is_decode_only(md), _decode_form, chunked, discretized, initial_RHPN, rows)
 
-    inputs = SsdInputs(x_THP, dt_TH, A_H, B_TGN, C_TGN, D_H, dt_bias_H)
     return _run(either_form, inputs, ssm_state, md, dt_limit)
 
 
 def selective_state_update(
-    x_THP: Float[Array, "T H P"],
-    dt_TH: Float[Array, "T H"],
-    A_H: Float[Array, " H"],
-    B_TGN: Float[Array, "T G N"],
-    C_TGN: Float[Array, "T G N"],
-    D_H: Float[Array, " H"],
-    dt_bias_H: Float[Array, " H"],
+    inputs: SsdInputs,
     ssm_state: Float[Array, "R H P N"],
     md: AttentionMetadata,
     *,
     dt_limit: tuple[float, float] = DEFAULT_DT_LIMIT,
 ) -> tuple[Float[Array, "T H P"], Float[Array, "R H P N"]]:
     """`ssd_scan`'s decode form: valid only for a step whose rows have at most one token."""
-    inputs = SsdInputs(x_THP, dt_TH, A_H, B_TGN, C_TGN, D_H, dt_bias_H)
     return _run(_decode_form, inputs, ssm_state, md, dt_limit)
 
 
 def mamba_chunk_scan_combined(
-    x_THP: Float[Array, "T H P"],
-    dt_TH: Float[Array, "T H"],
-    A_H: Float[Array, " H"],
-    B_TGN: Float[Array, "T G N"],
-    C_TGN: Float[Array, "T G N"],
-    D_H: Float[Array, " H"],
-    dt_bias_H: Float[Array, " H"],
+    inputs: SsdInputs,
     ssm_state: Float[Array, "R H P N"],
     md: AttentionMetadata,
     *,
@@ -129,7 +109,6 @@ def mamba_chunk_scan_combined(
 ) -> tuple[Float[Array, "T H P"], Float[Array, "R H P N"]]:
     """`ssd_scan`'s chunked form, valid for any step."""
     chunked = functools.partial(_chunked_form, chunk_size=_checked_chunk_size(chunk_size))
-    inputs = SsdInputs(x_THP, dt_TH, A_H, B_TGN, C_TGN, D_H, dt_bias_H)
     return _run(chunked, inputs, ssm_state, md, dt_limit)
 
 

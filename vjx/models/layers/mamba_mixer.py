@@ -35,7 +35,7 @@ from vjx.kv_cache_interface import KVCacheSpec, MambaSpec
 from vjx.mamba.causal_conv1d import causal_conv1d
 from vjx.mamba.layernorm_gated import rms_norm_gated
 from vjx.mamba.metadata import mamba_rows
-from vjx.mamba.ssd import ssd_scan
+from vjx.mamba.ssd import SsdInputs, ssd_scan
 from vjx.models.layers.linear import INIT_STDDEV, Linear
 from vjx.models.layers.param import HFParamLayer, logical_param
 
@@ -135,19 +135,16 @@ class MambaMixer2(nnx.Module, HFParamLayer):
         conv_bias = None if self.conv1d.bias is None else self.conv1d.bias[...]
         xBC_TC, conv_RKC = causal_conv1d(xBC_TC, conv_weight, conv_bias, conv_RKC, md, activation="silu")
         x_TI, B_TGN, C_TGN = jnp.split(xBC_TC, [inner, inner + G * N], axis=-1)
-        y_THP, ssm_RHPN = ssd_scan(
-            x_TI.reshape(num_tokens, H, args.head_dim),
-            dt_TH,
-            -jnp.exp(self.A_log[...].astype(jnp.float32)),
-            B_TGN.reshape(num_tokens, G, N),
-            C_TGN.reshape(num_tokens, G, N),
-            self.D[...],
-            self.dt_bias[...],
-            ssm_RHPN,
-            md,
-            chunk_size=args.chunk_size,
-            dt_limit=args.time_step_limit,
+        inputs = SsdInputs(
+            x_THP=x_TI.reshape(num_tokens, H, args.head_dim),
+            dt_TH=dt_TH,
+            A_H=-jnp.exp(self.A_log[...].astype(jnp.float32)),
+            B_TGN=B_TGN.reshape(num_tokens, G, N),
+            C_TGN=C_TGN.reshape(num_tokens, G, N),
+            D_H=self.D[...],
+            dt_bias_H=self.dt_bias[...],
         )
+        y_THP, ssm_RHPN = ssd_scan(inputs, ssm_RHPN, md, chunk_size=args.chunk_size, dt_limit=args.time_step_limit)
         y_TI = self.norm(y_THP.reshape(num_tokens, inner), z_TI)
         num_rows = conv_RKC.shape[0]
         states_RL = jnp.concatenate([conv_RKC.reshape(num_rows, -1), ssm_RHPN.reshape(num_rows, -1)], axis=-1)
