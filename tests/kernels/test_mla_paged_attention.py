@@ -39,6 +39,9 @@ SCENARIOS = {
     "prefill_only": [(0, 40), (17, 24)],
 }
 TOLERANCE = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
+GPU_TOLERANCE = {jnp.float32: 2e-3, jnp.bfloat16: 2e-2}
+"""On the GPU float32 dots run in TF32, in the kernel (Triton's default) and in XLA's reference
+alike: the two differ by a few 1e-4 (3.4e-4 on an H100 at DeepSeek-V3's widths)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,7 +142,8 @@ def check(step: Step, dtype, kv_lora_rank: int, tuning: MlaTuning | None, interp
     num_real = step.real_tokens()
     assert out.shape == (*step.q_latent.shape[:2], kv_lora_rank)
     assert out.dtype == np.float32 and not np.isnan(out).any()
-    assert relative_error(out[:num_real], expected[:num_real]) < TOLERANCE[dtype]
+    tolerance = (TOLERANCE if interpret else GPU_TOLERANCE)[dtype]
+    assert relative_error(out[:num_real], expected[:num_real]) < tolerance
     assert np.all(out[num_real:] == 0.0), "padding tokens must get 0"
     return out
 

@@ -1,13 +1,15 @@
 """`LoRARequest`: which adapter a request runs with, as vLLM names it.
 
-A msgspec struct, so it crosses the ZeroMQ seam between the front end and the engine core
-inside the request message; frozen and hashable, so the scheduler can key on it.
+A frozen dataclass, so it crosses the ZeroMQ seam between the front end and the engine core
+inside the request message (vjx/engine/serial.py encodes dataclasses) and the scheduler can key
+on it.
 """
 
-import msgspec
+import dataclasses
 
 
-class LoRARequest(msgspec.Struct, frozen=True):
+@dataclasses.dataclass(frozen=True)
+class LoRARequest:
     """One LoRA adapter, named by the client and numbered by the server.
 
     `lora_int_id` is the adapter's id (vLLM's: 1 and up; 0 would read as "no adapter"); the
