@@ -18,10 +18,10 @@ import pytest
 import torch
 from transformers.models.mamba2.modeling_mamba2 import Mamba2RMSNormGated
 
-from vjx.attention.metadata import AttentionMetadata
+from vjx.attention.metadata import AttentionMetadata, is_decode_only
 from vjx.mamba.causal_conv1d import causal_conv1d
 from vjx.mamba.layernorm_gated import rms_norm_gated
-from vjx.mamba.metadata import is_decode_only, mamba_rows
+from vjx.mamba.metadata import mamba_rows
 from vjx.mamba.ssd import SsdInputs, mamba_chunk_scan_combined, selective_state_update, ssd_scan
 
 NUM_TOKENS = 64  # T

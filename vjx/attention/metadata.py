@@ -10,7 +10,8 @@ the scratch block that is never handed to a request.
 import dataclasses
 
 import jax
-from jaxtyping import Array, Int
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Int
 
 
 @jax.tree_util.register_dataclass
@@ -26,3 +27,8 @@ class AttentionMetadata:
     """Row r's KV blocks, in order; entries past the row's last block are 0."""
     num_seqs: Int[Array, "1"]
     """Number of real rows."""
+
+
+def is_decode_only(md: AttentionMetadata) -> Bool[Array, ""]:
+    """Whether every row of the step has at most one query token (a pure decode step)."""
+    return jnp.max(jnp.diff(md.query_start_loc)) <= 1

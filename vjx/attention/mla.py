@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 from jaxtyping import Array, Float, Int
 
-from vjx.attention.metadata import AttentionMetadata
+from vjx.attention.metadata import AttentionMetadata, is_decode_only
 from vjx.attention.reference import PagedKV, ReferenceBackend, Scoring
 from vjx.kernels.kv_quant import quantize
 
@@ -76,10 +76,8 @@ def mla_attention(
     [c_kv, k_pe] per token, both with the rotation applied."""
     _check_shapes(q, latent, kv_cache, up)
     kv_cache = write_latent(kv_cache, latent, md.slot_mapping)
-    query_lens = jnp.diff(md.query_start_loc)
-    is_decode = jnp.max(query_lens) <= 1
     out = jax.lax.cond(
-        is_decode,
+        is_decode_only(md),
         lambda: absorbed_attention(q, kv_cache, md, up, sm_scale=sm_scale),
         lambda: expanded_attention(q, latent, kv_cache, md, up, sm_scale=sm_scale),
     )

@@ -70,8 +70,3 @@ def mamba_rows(md: AttentionMetadata, num_tokens: int) -> MambaRows:
         has_initial_states=is_real_row & (md.seq_lens - query_lens > 0),
         is_real_row=is_real_row,
     )
-
-
-def is_decode_only(md: AttentionMetadata) -> Bool[Array, ""]:
-    """Whether every row of the step has at most one query token."""
-    return jnp.max(jnp.diff(md.query_start_loc)) <= 1

@@ -36,8 +36,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from vjx.attention.metadata import AttentionMetadata
-from vjx.mamba.metadata import MambaRows, is_decode_only, mamba_rows
+from vjx.attention.metadata import AttentionMetadata, is_decode_only
+from vjx.mamba.metadata import MambaRows, mamba_rows
 
 DEFAULT_DT_LIMIT = (0.0, math.inf)
 

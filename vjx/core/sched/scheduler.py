@@ -277,7 +277,12 @@ class Scheduler:
 
     def _admit_waiting(self, plan: _StepPlan, skipped: list[Request]) -> None:
         manager = self.kv_cache_manager
-        running_loras = {r.lora_request.lora_int_id for r in self.running if r.lora_request is not None}
+        # Without LoRA (max_loras 0) no request has an adapter: no walk over the running ones.
+        running_loras = (
+            {r.lora_request.lora_int_id for r in self.running if r.lora_request is not None}
+            if self.scheduler_config.max_loras
+            else set()
+        )
         while self.waiting and plan.token_budget > 0:
             if len(self.running) == self.max_num_running_reqs:
                 break
