@@ -11,10 +11,14 @@ out of the device's two slots.
   another, but is for the same one.
 - A request naming a directory that is not an adapter is refused at once; one whose adapter
   fails to load (its rank over max_lora_rank) fails alone, and the engine goes on.
+- At run time (vLLM's `add_lora`, `remove_lora`, `pin_lora`, `list_loras`): an adapter
+  removed, its directory deleted, while its request runs next to three other adapters (more
+  than max_cpu_loras) still gives that request its tokens.
 """
 
 import dataclasses
 import json
+import shutil
 
 import jax
 import numpy as np
@@ -102,6 +106,7 @@ def run(setup) -> dict:
         results = {"loras": loras, "mixed": mixed, "alone": alone, "cached": cached, "compiles": _compiles["count"]}
         results["refused"] = _refusals(llm, setup)
         results["after"] = _tokens(llm.generate({"prompt_token_ids": PROMPTS[0]}, GREEDY, lora_request=loras[0]))[0]
+        results["runtime"] = _runtime_adapters(llm, setup)
         return results
     finally:
         _compiles["counting"] = False
@@ -124,6 +129,38 @@ def _refusals(llm: LLM, setup: Setup) -> list:
     messages.append(failed.outputs[0])
     assert not llm.llm_engine.has_unfinished_requests()
     return messages
+
+
+def _runtime_adapters(llm: LLM, setup: Setup) -> dict:
+    """Adds, pins, lists and removes adapters through the engine; removes one (and deletes its
+    directory) while its request runs with three others. Each request's tokens by prompt index."""
+    engine = llm.llm_engine
+    seen = {"start": engine.list_loras()}
+    seen["removed"] = [engine.remove_lora(lora_id) for lora_id in sorted(seen["start"])] + [engine.remove_lora(77)]
+    seen["empty"] = engine.list_loras()
+    seen["added"] = [engine.add_lora(setup.loras[2]), engine.add_lora(setup.loras[2]), engine.pin_lora(3)]
+    with pytest.raises(ValueError) as unknown:
+        engine.pin_lora(77)
+    seen["unknown"] = str(unknown.value)
+    copy = setup.path + "/../adapter1_copy"
+    shutil.copytree(setup.loras[1].lora_path, copy)
+    doomed = LoRARequest("doomed", 21, copy)
+    seen["added"].append(engine.add_lora(doomed))
+    engine.add_request("doomed", {"prompt_token_ids": PROMPTS[1]}, GREEDY, lora_request=doomed)
+    engine.step()
+    shutil.rmtree(copy)
+    seen["removed_running"] = engine.remove_lora(21)
+    seen["after_remove"] = engine.list_loras()
+    for i in (0, 2, 3):
+        engine.add_request(f"other{i}", {"prompt_token_ids": PROMPTS[i]}, GREEDY, lora_request=setup.loras[i])
+    tokens = {}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                tokens[output.request_id] = list(output.outputs[0].token_ids)
+    seen["tokens"] = tokens
+    seen["end"] = engine.list_loras()
+    return seen
 
 
 def _hf_greedy(model, prompt: list[int]) -> list[int]:
@@ -161,3 +198,15 @@ def test_bad_adapters_fail_alone(run):
     assert "is not a PEFT adapter directory (no adapter_config.json)" in nowhere
     assert (wide.finish_reason, list(wide.token_ids)) == ("error", [])
     assert run["after"] == run["mixed"][0]
+
+
+def test_adapters_load_and_unload_while_requests_run(run):
+    seen = run["runtime"]
+    assert seen["start"] and seen["removed"] == [True] * len(seen["start"]) + [False]
+    assert seen["empty"] == set()
+    assert seen["added"] == [True, False, True, True]
+    assert "LoRA adapter 77 is not loaded" in seen["unknown"]
+    assert seen["removed_running"] and seen["after_remove"] == {3}
+    expected = {"doomed": run["mixed"][1], **{f"other{i}": run["mixed"][i] for i in (0, 2, 3)}}
+    assert seen["tokens"] == expected
+    assert 3 in seen["end"] and 21 not in seen["end"]

@@ -5,6 +5,7 @@ into device slots; float32 logits of every position compared with the PEFT model
 
 import dataclasses
 import json
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -24,8 +25,11 @@ from tests.lora.lora_models import (
 )
 from vjx.attention.reference import ReferenceBackend
 from vjx.config import ParallelConfig
+from vjx.lora.config import LoRAConfig
 from vjx.lora.layers import _slot_writer, add_lora, clear_slot, write_adapter
 from vjx.lora.peft_loader import LoRAAdapter, LoRAModuleWeights, load_peft_adapter
+from vjx.lora.request import LoRARequest
+from vjx.lora.worker_manager import LoRAManager
 from vjx.models.layers.linear import FusedMergedLinear, FusedQKVLinear, Linear, MergedLinear, QKVLinear
 from vjx.models.registry import get_model_class
 from vjx.sharding.mesh import make_mesh
@@ -280,3 +284,36 @@ def test_packed_delta_is_the_merged_weights_delta(qkv_cls, gate_up_cls):
         expected[token_slots != 1] = 0.0
         got = Linear.__call__(linear, jnp.asarray(x)) - linear.quant_method.apply(linear, jnp.asarray(x))
         np.testing.assert_allclose(np.asarray(got), expected, atol=1e-5, rtol=0)
+
+
+def test_manager_never_rereads_an_adapter_in_use(setup, tmp_path):
+    """One device slot, one host place: an adapter whose request is in the runner keeps its host
+    copy past max_cpu_loras, so after another adapter took its slot it is written back from host
+    memory (its directory is gone by then). Removed while in use, it is listed no more but kept
+    until its request has left; a pin keeps one not in use."""
+    model = load_vjx(setup.model_dir)
+    add_lora(model, max_loras=1, max_lora_rank=MAX_LORA_RANK, dtype=jnp.float32)
+    in_use = set()
+    manager = LoRAManager(model, LoRAConfig(max_loras=1, max_lora_rank=MAX_LORA_RANK, max_cpu_loras=1), in_use.copy)
+    names = list(ADAPTERS)
+    shutil.copytree(setup.adapters[names[1]][0], tmp_path / "copy")
+    kept = LoRARequest("kept", 1, str(tmp_path / "copy"))
+    other = LoRARequest("other", 2, str(setup.adapters[names[2]][0]))
+    in_use.add(1)
+    manager.prepare(kept)
+    manager.token_slots([kept], np.zeros(1, np.int32))
+    shutil.rmtree(tmp_path / "copy")
+    in_use.add(2)
+    manager.prepare(other)
+    assert manager.token_slots([other], np.zeros(1, np.int32)).tolist() == [0]
+    assert manager.token_slots([kept], np.zeros(1, np.int32)).tolist() == [0]
+    (logits,) = run_requests(model, [(PROMPTS[1], 0)])
+    np.testing.assert_allclose(logits, setup.adapters[names[1]][1][1], atol=ATOL, rtol=0)
+    assert manager.remove_adapter(1) and manager.list_adapters() == {2}
+    assert not manager.remove_adapter(1)
+    in_use.clear()
+    assert manager.pin_adapter(2) and not manager.add_adapter(other)
+    assert manager.add_adapter(LoRARequest("third", 3, str(setup.adapters[names[0]][0])))
+    assert manager.list_adapters() == {2, 3}  # the pinned one stays past max_cpu_loras
+    with pytest.raises(ValueError, match="at most max_cpu_loras=1 adapters may be pinned"):
+        manager.pin_adapter(3)

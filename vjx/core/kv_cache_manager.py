@@ -209,7 +209,7 @@ class KVCacheManager:
                 request.all_token_ids,
                 request.block_hashes,
                 request.cache_salt,
-                None if request.lora_request is None else request.lora_request.lora_name,
+                None if (lora := request.lora_request) is None else (lora.lora_name, lora.lora_int_id),
             )
         )
 

@@ -82,12 +82,13 @@ def hash_request_tokens(
     token_ids: Sequence[int],
     known_block_hashes: Sequence[BlockHash] = (),
     cache_salt: str | None = None,
-    lora_name: str | None = None,
+    lora_key: tuple[str, int] | None = None,
 ) -> list[BlockHash]:
     """Hashes of the full blocks of `token_ids` past the `known_block_hashes` of its first ones.
 
     Equal to chaining `hash_block_tokens` block by block; `cache_salt` and the LoRA adapter's
-    name (vLLM's extra keys) are the first block's only extra keys, and through the chain they
+    (name, id) (vLLM's extra keys; with the id, an adapter unloaded and loaded again under its
+    name gets new blocks) are the first block's only extra keys, and through the chain they
     change every later hash too: requests of different salts or adapters never share a block.
     Passing the hashes already known lets a growing request hash only its newly full blocks; a
     trailing partial block gets no hash.
@@ -106,7 +107,7 @@ def hash_request_tokens(
     start = 0
     parent = known_block_hashes[-1] if num_known else NONE_HASH
     if not num_known:
-        extra_keys = ((cache_salt,) if cache_salt else ()) + ((("lora", lora_name),) if lora_name else ())
+        extra_keys = ((cache_salt,) if cache_salt else ()) + ((("lora", *lora_key),) if lora_key else ())
         extra = repr(extra_keys).encode() if extra_keys else b""
         parent = _hash_block_bytes(hash_fn, parent, token_bytes[:stride], extra)
         new_hashes.append(parent)

@@ -199,6 +199,20 @@ class AsyncLLM:
     async def reset_prefix_cache(self) -> bool:
         return await self.engine_core.reset_prefix_cache_async()
 
+    async def add_lora(self, lora_request: LoRARequest) -> bool:
+        """`LLMEngine.add_lora`: a bad adapter raises ValueError here."""
+        self.input_processor.check_lora_request(lora_request)
+        return await self.engine_core.call_utility_async("add_lora", lora_request)
+
+    async def remove_lora(self, lora_id: int) -> bool:
+        return await self.engine_core.call_utility_async("remove_lora", lora_id)
+
+    async def pin_lora(self, lora_id: int) -> bool:
+        return await self.engine_core.call_utility_async("pin_lora", lora_id)
+
+    async def list_loras(self) -> set[int]:
+        return await self.engine_core.call_utility_async("list_loras")
+
     async def sleep(self, level: int = 1, mode: str = "abort") -> None:
         """`LLM.sleep`'s levels and modes; with "abort" the unfinished requests' streams end.
         Requests added while asleep wait for `wake_up`, as in vLLM."""

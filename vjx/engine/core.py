@@ -17,6 +17,7 @@ from vjx.core.sched.stats import SchedulerStats
 from vjx.engine.messages import EngineCoreOutputs, EngineCoreRequest
 from vjx.engine.step_profiler import NullStepProfiler, StepProfiler
 from vjx.executor.abstract import Executor
+from vjx.lora.request import LoRARequest
 from vjx.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vjx.structured_output import StructuredOutputManager
 
@@ -145,6 +146,21 @@ class EngineCore:
         kwargs: dict[str, Any] | None = None,
     ) -> list[Any]:
         return self.model_executor.collective_rpc(method, timeout, args, kwargs)
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Reads the adapter into the workers' host memory ahead of its requests (vLLM's);
+        False when it was there already. A bad adapter raises ValueError."""
+        return all(self.collective_rpc("add_lora", args=(lora_request,)))
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """Forgets the adapter (its requests still running keep it until they finish)."""
+        return all(self.collective_rpc("remove_lora", args=(lora_id,)))
+
+    def pin_lora(self, lora_id: int) -> bool:
+        return all(self.collective_rpc("pin_lora", args=(lora_id,)))
+
+    def list_loras(self) -> set[int]:
+        return self.collective_rpc("list_loras")[0]
 
     def shutdown(self) -> None:
         """Hands the start-up heap back to the collector unless other engines live; idempotent."""

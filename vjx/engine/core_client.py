@@ -51,6 +51,10 @@ _COMBINE_RESULTS = {
     "wake_up": all,
     "is_sleeping": any,
     "collective_rpc": lambda results: [result for replica in results for result in replica],
+    "add_lora": all,
+    "remove_lora": any,
+    "pin_lora": all,
+    "list_loras": lambda results: set().union(*results),
 }
 """How the replicas' results of a utility become one; other utilities give replica 0's."""
 
@@ -142,6 +146,10 @@ class InprocClient:
     ) -> list[Any]:
         """Every replica's workers' results, replica by replica."""
         return [r for core in self.engine_cores for r in core.collective_rpc(method, timeout, args, kwargs)]
+
+    def call_utility(self, method: str, *args):
+        """`method(*args)` on every replica's EngineCore, the results combined."""
+        return combine_results(method, [getattr(core, method)(*args) for core in self.engine_cores])
 
     def get_output(self) -> EngineCoreOutputs:
         outputs = EngineCoreOutputs()

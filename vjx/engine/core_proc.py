@@ -43,6 +43,7 @@ from vjx.distributed.channel import HeartbeatClient, replica_identity
 from vjx.engine import serial
 from vjx.engine.core import EngineCore
 from vjx.engine_args import EngineArgs
+from vjx.lora.request import LoRARequest
 from vjx.sharding.mesh import device_groups
 
 logger = logging.getLogger(__name__)
@@ -248,6 +249,8 @@ class EngineCoreProc:
         core = self.engine_core
         if method == "get_stats":
             return core.make_stats()
+        if method == "add_lora":
+            return core.add_lora(LoRARequest(**args[0]))
         if method == "collective_rpc":
             rpc_method, rpc_args, rpc_kwargs = serial.loads_rpc(args[0])
             return serial.dumps_rpc(core.collective_rpc(rpc_method, None, rpc_args, rpc_kwargs))

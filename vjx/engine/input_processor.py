@@ -68,7 +68,8 @@ class InputProcessor:
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}.")
         priority = check_int("priority", priority)
-        self._check_lora_request(lora_request)
+        if lora_request is not None:
+            self.check_lora_request(lora_request)
         cache_salt = None
         if isinstance(prompt, dict) and "cache_salt" in prompt:
             prompt = dict(prompt)
@@ -92,11 +93,10 @@ class InputProcessor:
         )
         return request, prompt_text
 
-    def _check_lora_request(self, lora_request: LoRARequest | None) -> None:
-        if lora_request is None:
-            return
+    def check_lora_request(self, lora_request: LoRARequest) -> None:
+        """A LoRARequest, on an engine with LoRA, naming a PEFT adapter directory."""
         if not isinstance(lora_request, LoRARequest):
-            raise ValueError(f"lora_request must be a vjx LoRARequest or None, got {type(lora_request).__name__}.")
+            raise ValueError(f"lora_request must be a vjx LoRARequest, got {type(lora_request).__name__}.")
         if self.lora_config is None:
             raise ValueError(f"lora_request {lora_request.lora_name!r} needs an engine started with enable_lora=True.")
         if not os.path.isfile(os.path.join(lora_request.lora_path, "adapter_config.json")):

@@ -171,6 +171,24 @@ class LLMEngine:
     def reset_prefix_cache(self) -> bool:
         return self.engine_core.reset_prefix_cache()
 
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Reads the adapter into the engine's host memory ahead of its requests (a bad one
+        raises ValueError here); False when it was there already."""
+        self.input_processor.check_lora_request(lora_request)
+        return self.engine_core.call_utility("add_lora", lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """Forgets adapter `lora_id`; its requests still running keep it until they finish."""
+        return self.engine_core.call_utility("remove_lora", lora_id)
+
+    def pin_lora(self, lora_id: int) -> bool:
+        """Keeps adapter `lora_id` in host memory until it is removed."""
+        return self.engine_core.call_utility("pin_lora", lora_id)
+
+    def list_loras(self) -> set[int]:
+        """The ids of the adapters the engine holds in host memory."""
+        return self.engine_core.call_utility("list_loras")
+
     def sleep(self, level: int = 1, mode: str = "abort") -> None:
         """See `EngineCore.sleep`; with `mode="abort"` the unfinished requests end here too."""
         if mode == "abort":

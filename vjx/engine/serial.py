@@ -56,6 +56,10 @@ UTILITY_RESULT_TYPES: dict[str, Any] = {
     "is_sleeping": bool,
     "profile": None,
     "collective_rpc": bytes,
+    "add_lora": bool,
+    "remove_lora": bool,
+    "pin_lora": bool,
+    "list_loras": set[int],
 }
 """The utilities the engine process serves, with the type of each one's result
 (`collective_rpc`'s is the pickle of its list of results)."""

@@ -3,14 +3,21 @@
 
 The scheduler keeps the running requests' distinct adapters within `max_loras`, so a step's
 adapters always fit the slots. An adapter a step needs and the device lacks takes a free slot,
-else the least recently used slot whose adapter the step does not need; host copies beyond
-`max_cpu_loras` are dropped least recently used first and read again from disk when needed.
-Writing a slot replaces the LoRA params' arrays with ones of the same shape, so nothing
-recompiles; the runner re-reads the model's params afterwards (`params_changed`).
+else the least recently used slot whose adapter the step does not need. Host copies beyond
+`max_cpu_loras` are dropped least recently used first, except pinned ones and those of requests
+in the runner (`in_use`): a request's adapter is read from disk once, as it enters the batch,
+and never again while it runs, so a step never reads the disk. Writing a slot replaces the LoRA
+params' arrays with ones of the same shape, so nothing recompiles; the runner re-reads the
+model's params afterwards (`params_changed`).
+
+`add_adapter`, `remove_adapter`, `pin_adapter` and `list_adapters` are vLLM's `add_lora`,
+`remove_lora`, `pin_lora` and `list_loras` (the engine's utilities, the server's runtime
+adapter routes).
 """
 
 import collections
 import logging
+from collections.abc import Callable
 
 import numpy as np
 from flax import nnx
@@ -29,10 +36,15 @@ BASE_SLOT = -1
 class LoRAManager:
     """Host copies and device slots of the adapters, for one model with LoRA layers."""
 
-    def __init__(self, model: nnx.Module, lora_config: LoRAConfig):
+    def __init__(self, model: nnx.Module, lora_config: LoRAConfig, in_use: Callable[[], set[int]]):
+        """`in_use`: the adapter ids of the requests in the runner (running or preempted)."""
         self.model = model
         self.config = lora_config
+        self.in_use = in_use
         self._host: collections.OrderedDict[int, LoRAAdapter] = collections.OrderedDict()
+        self._pinned: set[int] = set()
+        self._removed: set[int] = set()
+        """Removed while requests used them: dropped at the next trim once they do not."""
         self._slots: collections.OrderedDict[int, int] = collections.OrderedDict()
         """Adapter id -> device slot, least recently used first."""
         self.params_changed = False
@@ -89,6 +101,55 @@ class LoRAManager:
             return self._host[lora_id]
         adapter = load_peft_adapter(lora.lora_path, max_lora_rank=self.config.max_lora_rank)
         self._host[lora_id] = adapter
-        while len(self._host) > self.config.max_cpu_loras:
-            self._host.popitem(last=False)
+        self._trim_host(keep=lora_id)
         return adapter
+
+    def _trim_host(self, keep: int | None = None) -> None:
+        """Drops host copies, least recently used first, down to max_cpu_loras; pinned ones,
+        those in use and `keep` stay (so the host may hold more while they run)."""
+        in_use = self.in_use()
+        for lora_id in self._removed - in_use:
+            self._host.pop(lora_id, None)
+            self._slots.pop(lora_id, None)
+        self._removed &= in_use
+        excess = len(self._host) - self.config.max_cpu_loras
+        kept = self._pinned | in_use | {keep}
+        for lora_id in [lora_id for lora_id in self._host if lora_id not in kept][: max(excess, 0)]:
+            del self._host[lora_id]
+
+    def add_adapter(self, lora: LoRARequest) -> bool:
+        """Reads `lora` into host memory ahead of its requests (a bad adapter raises
+        ValueError); False when it was there already."""
+        self._trim_host()
+        if lora.lora_int_id in self._host:
+            self._host.move_to_end(lora.lora_int_id)
+            was_removed = lora.lora_int_id in self._removed
+            self._removed.discard(lora.lora_int_id)
+            return was_removed
+        self._host_copy(lora)
+        return True
+
+    def remove_adapter(self, lora_id: int) -> bool:
+        """Forgets adapter `lora_id`: its host copy and device slot are freed, at once unless
+        requests in the runner still use it (then once they have finished). False when the
+        adapter was not loaded."""
+        if lora_id not in self.list_adapters():
+            return False
+        self._pinned.discard(lora_id)
+        self._removed.add(lora_id)
+        self._trim_host()
+        return True
+
+    def pin_adapter(self, lora_id: int) -> bool:
+        """Keeps adapter `lora_id` in host memory until it is removed (vLLM's pin_lora), at
+        most max_cpu_loras of them."""
+        if lora_id not in self.list_adapters():
+            raise ValueError(f"pin_lora: LoRA adapter {lora_id} is not loaded (add_lora it first).")
+        if lora_id not in self._pinned and len(self._pinned) >= self.config.max_cpu_loras:
+            raise ValueError(f"pin_lora: at most max_cpu_loras={self.config.max_cpu_loras} adapters may be pinned.")
+        self._pinned.add(lora_id)
+        return True
+
+    def list_adapters(self) -> set[int]:
+        """The ids of the adapters in host memory (less those removed)."""
+        return set(self._host) - self._removed

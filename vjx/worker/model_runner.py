@@ -102,7 +102,7 @@ class ModelRunner:
         self.num_spec_tokens = config.num_speculative_tokens
         self.drafts_on_device = self.num_spec_tokens > 0 and sched.async_scheduling
         """Async scheduling: drafts are proposed after each step, kept on the device (async_drafts.py)."""
-        self.lora = None if config.lora_config is None else LoRAManager(model, config.lora_config)
+        self.lora = None if config.lora_config is None else LoRAManager(model, config.lora_config, self._loras_in_use)
         self.layouts = make_layouts(
             config, max_blocks=max_blocks, num_kv_cache_groups=self.num_kv_cache_groups, block_size=self.block_size
         )
@@ -477,6 +477,9 @@ class ModelRunner:
         slots = self.lora.token_slots(loras, row_of_token)
         self._reread_lora_params()
         return slots
+
+    def _loras_in_use(self) -> set[int]:
+        return {state.lora_request.lora_int_id for state in self.requests.values() if state.lora_request is not None}
 
     def _reread_lora_params(self) -> None:
         if self.lora.params_changed:

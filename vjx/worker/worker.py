@@ -29,6 +29,8 @@ from vjx.kv_cache_interface import (
     kv_cache_dtype_name,
 )
 from vjx.lora.layers import add_lora
+from vjx.lora.request import LoRARequest
+from vjx.lora.worker_manager import LoRAManager
 from vjx.models.loader import get_model
 from vjx.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vjx.sharding.mesh import make_stage_meshes
@@ -306,6 +308,23 @@ class Worker:
     def apply_model(self, func):
         """`func(model)` on this worker's Flax NNX model."""
         return func(self.model)
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        return self._lora_manager().add_adapter(lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return self._lora_manager().remove_adapter(lora_id)
+
+    def pin_lora(self, lora_id: int) -> bool:
+        return self._lora_manager().pin_adapter(lora_id)
+
+    def list_loras(self) -> set[int]:
+        return self._lora_manager().list_adapters()
+
+    def _lora_manager(self) -> LoRAManager:
+        if self.model_runner.lora is None:
+            raise ValueError("LoRA adapters need an engine started with enable_lora=True.")
+        return self.model_runner.lora
 
 
 def _check_speculation(config: VjxConfig, kv_cache_specs: dict[str, KVCacheSpec]) -> None:
