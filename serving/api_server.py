@@ -31,15 +31,17 @@ from serving.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    LoadLoRAAdapterRequest,
     RequestModel,
     TokenizeRequest,
+    UnloadLoRAAdapterRequest,
     parse_request,
 )
 from serving.server_args import ServerArgs
 from serving.server_load import ServerLoad
 from serving.serving_chat import OpenAIServingChat
 from serving.serving_completion import OpenAIServingCompletion
-from serving.serving_models import OpenAIServingModels
+from serving.serving_models import LoRAModulePath, OpenAIServingModels
 from serving.serving_tokenization import OpenAIServingTokenization
 from serving.sse import EventStreamResponse, to_openai_error
 from serving.tokenizer_pool import TokenizerPool
@@ -71,7 +73,7 @@ class ServerState:
         self.server_args = server_args
         self.log_stats = log_stats
         model_path = engine.config.model_config.model
-        self.models = OpenAIServingModels(served_model_names, model_path, engine.max_model_len)
+        self.models = OpenAIServingModels(served_model_names, model_path, engine.max_model_len, engine)
         chat_template = load_chat_template(server_args.chat_template)
         self.tokenizer_pool = TokenizerPool(engine.get_tokenizer())
         self.metrics = ServerMetrics(engine, self.models.model_name, server_args.metrics_prefix)
@@ -250,6 +252,28 @@ def _add_vllm_routes(app: fastapi.FastAPI, state: ServerState) -> None:
     async def embeddings() -> Response:
         raise OpenAIError("The model does not support embeddings (the Embeddings API); it is a generative model.", 400)
 
+    if state.server_args.allowed_lora_dir is not None:
+        _add_lora_routes(app, state)
+
+
+def _add_lora_routes(app: fastapi.FastAPI, state: ServerState) -> None:
+    """vLLM's runtime adapter routes (served with --allowed-lora-dir); a plain-text success."""
+    allowed_dir = state.server_args.allowed_lora_dir
+
+    async def load(request: LoadLoRAAdapterRequest) -> Response:
+        return Response(await state.models.load_lora_adapter(request, allowed_dir), media_type="text/plain")
+
+    async def unload(request: UnloadLoRAAdapterRequest) -> Response:
+        return Response(await state.models.unload_lora_adapter(request), media_type="text/plain")
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(raw_request: Request):
+        return await _serve(raw_request, LoadLoRAAdapterRequest, load)
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(raw_request: Request):
+        return await _serve(raw_request, UnloadLoRAAdapterRequest, unload)
+
 
 def _top_level_keys(body: bytes) -> set[str]:
     """The keys of a JSON object body (none for anything else); a body that is not JSON is a 400."""
@@ -280,6 +304,8 @@ def build_app(state: ServerState) -> ServerGuard:
     @contextlib.asynccontextmanager
     async def lifespan(_):
         await state.engine.check_health()
+        lora_modules = [LoRAModulePath.parse(entry) for entry in state.server_args.lora_modules or []]
+        await state.models.init_static_loras(lora_modules)
         stats_logger = None
         if state.log_stats:
             stats_logger = asyncio.ensure_future(
@@ -302,12 +328,21 @@ def build_app(state: ServerState) -> ServerGuard:
     return ServerGuard(app, args.api_key, args.max_header_bytes, args.max_request_body_bytes, args.access_log)
 
 
+def _check_lora_args(engine_args: EngineArgs, server_args: ServerArgs) -> None:
+    for name in ("lora_modules", "allowed_lora_dir"):
+        if getattr(server_args, name) and not engine_args.enable_lora:
+            raise ValueError(f"{name} needs --enable-lora.")
+    if server_args.allowed_lora_dir is not None and server_args.api_key is None:
+        logger.warning("--allowed-lora-dir without --api-key: any client may load adapters from under it.")
+
+
 def run_server(engine_args: EngineArgs, server_args: ServerArgs) -> None:
     """Starts the engine process, then serves until SIGINT/SIGTERM."""
     logging.basicConfig(
         level=server_args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
     )
     ParserManager.check_names(engine_args.reasoning_parser)
+    _check_lora_args(engine_args, server_args)
     engine = AsyncLLM(engine_args)
     try:
         names = server_args.served_model_name or OpenAIServingModels.default_names(

@@ -11,6 +11,7 @@ import asyncio
 from serving.errors import OpenAIError
 from vjx.beam_search import AsyncBeamSearch, BeamSearchParams
 from vjx.engine.async_llm import AsyncLLM, RequestOutputStream
+from vjx.lora.request import LoRARequest
 from vjx.outputs import CompletionOutput, RequestOutput
 from vjx.sampling_params import RequestOutputKind, SamplingParams
 
@@ -18,8 +19,16 @@ from vjx.sampling_params import RequestOutputKind, SamplingParams
 class BeamSearchStream:
     """`async for output in stream` yields the search's one final output."""
 
-    def __init__(self, engine: AsyncLLM, request_id: str, prompt_token_ids: list[int], params: BeamSearchParams):
+    def __init__(
+        self,
+        engine: AsyncLLM,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: BeamSearchParams,
+        lora_request: LoRARequest | None = None,
+    ):
         self.engine = engine
+        self.lora_request = lora_request
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self.params = params
@@ -65,7 +74,7 @@ class BeamSearchStream:
             for i, prompt in enumerate(prompts):
                 request_id = f"{self.request_id}-beam{self.num_steps}-{i}"
                 try:
-                    streams.append(self.engine.add_request(request_id, prompt, params))
+                    streams.append(self.engine.add_request(request_id, prompt, params, lora_request=self.lora_request))
                 except ValueError as e:
                     raise OpenAIError.from_value_error(e) from None
             return await asyncio.gather(*(_last(stream) for stream in streams))

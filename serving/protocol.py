@@ -205,6 +205,21 @@ class DetokenizeRequest(RequestModel):
     tokens: list[int]
 
 
+class LoadLoRAAdapterRequest(RequestModel):
+    """vLLM's `/v1/load_lora_adapter` body; `load_inplace` replaces an adapter of that name."""
+
+    lora_name: str
+    lora_path: str
+    load_inplace: bool = False
+
+
+class UnloadLoRAAdapterRequest(RequestModel):
+    """vLLM's `/v1/unload_lora_adapter` body: the adapter's name, or the id it was given."""
+
+    lora_name: str | None = None
+    lora_int_id: int | None = None
+
+
 ModelT = TypeVar("ModelT", bound=RequestModel)
 
 
@@ -447,6 +462,8 @@ class ModelCard(ResponseModel):
     created: int = Field(default_factory=lambda: int(time.time()))
     owned_by: str = "vjx"
     root: str | None = None
+    parent: str | None = None
+    """A LoRA adapter's base model."""
     max_model_len: int | None = None
 
 

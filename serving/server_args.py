@@ -3,8 +3,10 @@
 
 import argparse
 import dataclasses
+import os
 import typing
 
+from serving.serving_models import LoRAModulePath
 from serving.tool_parsers import ToolParserManager
 
 _ACCESS_LOGS = ("off", "text", "json")
@@ -28,6 +30,17 @@ class ServerArgs:
     )
     served_model_name: list[str] | None = _field(
         None, "Names the model answers to (the first is reported); the model argument when not given.", nargs="+"
+    )
+    lora_modules: list[str] | None = _field(
+        None,
+        "LoRA adapters served as model names (vLLM's flag; needs --enable-lora): name=path entries, "
+        'or JSON {"name": ..., "path": ..., "base_model_name": ...}.',
+        nargs="+",
+    )
+    allowed_lora_dir: str | None = _field(
+        None,
+        "Serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's runtime adapter routes), "
+        "loading adapters only from under this directory; behind --api-key like every route.",
     )
     chat_template: str | None = _field(
         None, "Chat template (a file or the Jinja text); the tokenizer's when not given."
@@ -120,6 +133,10 @@ class ServerArgs:
             raise ValueError(
                 f"tool_call_parser must be one of {ToolParserManager.list_registered()}, got {self.tool_call_parser!r}."
             )
+        for entry in self.lora_modules or []:
+            LoRAModulePath.parse(entry)
+        if self.allowed_lora_dir is not None and not os.path.isdir(self.allowed_lora_dir):
+            raise ValueError(f"allowed_lora_dir must be a directory, got {self.allowed_lora_dir!r}.")
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key must not be empty (leave it out to serve without a key).")
 

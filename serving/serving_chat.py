@@ -116,7 +116,7 @@ class OpenAIServingChat(OpenAIServing):
         num_generated = sum(len(c.token_ids) for c in final.outputs)
         return ChatCompletionResponse(
             id=request_id,
-            model=self.models.model_name,
+            model=self.models.response_name(request.model),
             choices=choices,
             usage=self.usage(len(prompt), num_generated, [final]),
             prompt_logprobs=to_prompt_logprobs(final.prompt_logprobs),
@@ -182,11 +182,15 @@ class OpenAIServingChat(OpenAIServing):
         )
 
     def _chunk(
-        self, request_id: str, created: int, choice: ChatCompletionStreamChoice, **fields
+        self,
+        request: ChatCompletionRequest,
+        request_id: str,
+        created: int,
+        choice: ChatCompletionStreamChoice,
+        **fields,
     ) -> ChatCompletionStreamResponse:
-        return ChatCompletionStreamResponse(
-            id=request_id, created=created, model=self.models.model_name, choices=[choice], **fields
-        )
+        model = self.models.response_name(request.model)
+        return ChatCompletionStreamResponse(id=request_id, created=created, model=model, choices=[choice], **fields)
 
     def _first_chunks(
         self, request: ChatCompletionRequest, request_id: str, created: int, prompt: list[int]
@@ -198,7 +202,7 @@ class OpenAIServingChat(OpenAIServing):
             fields["usage"] = UsageInfo.of(len(prompt), 0)
         delta = DeltaMessage(role=self._role(request), content=self._echo_text(request))
         return [
-            self._chunk(request_id, created, ChatCompletionStreamChoice(index=index, delta=delta), **fields)
+            self._chunk(request, request_id, created, ChatCompletionStreamChoice(index=index, delta=delta), **fields)
             for index in range(request.n)
         ]
 
@@ -219,7 +223,7 @@ class OpenAIServingChat(OpenAIServing):
                     choice = self._stream_choice(request, completion, parsers[completion.index])
                     if choice is None:
                         continue
-                    chunk = self._chunk(request_id, created, choice)
+                    chunk = self._chunk(request, request_id, created, choice)
                     if request.include_continuous_usage:
                         chunk.usage = UsageInfo.of(len(prompt), num_generated[completion.index])
                     yield _event(chunk)
@@ -228,7 +232,7 @@ class OpenAIServingChat(OpenAIServing):
                 chunk = ChatCompletionStreamResponse(
                     id=request_id,
                     created=created,
-                    model=self.models.model_name,
+                    model=self.models.response_name(request.model),
                     choices=[],
                     usage=self.usage(len(prompt), sum(num_generated), finals),
                     metrics=per_request_metrics(finals, request.n),

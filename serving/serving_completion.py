@@ -128,7 +128,7 @@ class OpenAIServingCompletion(OpenAIServing):
         num_generated = sum(len(c.token_ids) for o in finals.values() for c in o.outputs)
         return CompletionResponse(
             id=request_id,
-            model=self.models.model_name,
+            model=self.models.response_name(request.model),
             choices=choices,
             usage=self.usage(sum(len(p) for p in prompts), num_generated, list(finals.values())),
             metrics=per_request_metrics(list(finals.values()), request.n),
@@ -160,7 +160,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     offsets[index] = offsets.get(index, 0) + len(choice.text)
                     num_generated[index] = num_generated.get(index, 0) + len(completion.token_ids)
                     chunk = CompletionResponse(
-                        id=request_id, created=created, model=self.models.model_name, choices=[choice]
+                        id=request_id, created=created, model=self.models.response_name(request.model), choices=[choice]
                     )
                     if request.include_continuous_usage:
                         chunk.usage = UsageInfo.of(len(prompts[prompt_index]), num_generated[index])
@@ -172,7 +172,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 chunk = CompletionResponse(
                     id=request_id,
                     created=created,
-                    model=self.models.model_name,
+                    model=self.models.response_name(request.model),
                     choices=[],
                     usage=usage,
                     metrics=per_request_metrics(list(last_outputs.values()), request.n),

@@ -284,21 +284,26 @@ class OpenAIServing:
         request_id: str,
     ) -> list[RequestOutputStream | BeamSearchStream]:
         """Adds one engine request per prompt (ids `{request_id}-{i}`, or `request_id` for one),
-        or one beam search; the engine's checks (token ids out of the vocabulary, too many
-        bad words, ...) become 400s before anything runs."""
+        or one beam search, with the LoRA adapter `model` names; the engine's checks (token ids
+        out of the vocabulary, too many bad words, ...) become 400s before anything runs."""
         await self.check_alive()
         self.check_admission(sum(p.beam_width if isinstance(p, BeamSearchParams) else p.n for p in params))
+        self.check_model(request)  # an adapter unloaded since the request came is a 404 too
+        lora_request = self.models.lora_request(request.model)
         streams: list[RequestOutputStream | BeamSearchStream] = []
         try:
             for i, (prompt_token_ids, prompt_params) in enumerate(zip(prompts, params)):
                 engine_id = request_id if len(prompts) == 1 else f"{request_id}-{i}"
                 if isinstance(prompt_params, BeamSearchParams):
-                    streams.append(BeamSearchStream(self.engine, engine_id, prompt_token_ids, prompt_params))
+                    stream = BeamSearchStream(self.engine, engine_id, prompt_token_ids, prompt_params, lora_request)
+                    streams.append(stream)
                     continue
                 prompt = {"prompt_token_ids": prompt_token_ids}
                 if request.cache_salt is not None:
                     prompt["cache_salt"] = request.cache_salt
-                streams.append(self.engine.add_request(engine_id, prompt, prompt_params, request.priority))
+                streams.append(
+                    self.engine.add_request(engine_id, prompt, prompt_params, request.priority, lora_request)
+                )
         except BaseException as e:
             for stream in streams:
                 await stream.aclose()

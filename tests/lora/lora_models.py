@@ -82,6 +82,15 @@ def torch_logits(hf_model, token_ids) -> np.ndarray:
         return hf_model(torch.as_tensor(np.asarray(token_ids))[None]).logits[0].float().numpy()
 
 
+def hf_greedy(model, prompt: list[int], num_tokens: int) -> list[int]:
+    """transformers' greedy tokens, EOS allowed like any token (as `ignore_eos` does; `generate`'s
+    `min_new_tokens` would ban it instead)."""
+    token_ids = list(prompt)
+    for _ in range(num_tokens):
+        token_ids.append(int(torch_logits(model, token_ids)[-1].argmax()))
+    return token_ids[len(prompt) :]
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def lora_step(graphdef, state, kv_caches, input_ids, positions, token_slots, md):
     """The runner's step: merge, set the tokens' LoRA slots (None: a model without LoRA), run."""

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.tokenizer import make_tokenizer
-from tests.lora.lora_models import VOCAB, save_peft_adapter, save_tiny_llama, torch_logits
+from tests.lora.lora_models import VOCAB, hf_greedy, save_peft_adapter, save_tiny_llama
 from vjx import LLM, SamplingParams
 from vjx.lora.request import LoRARequest
 
@@ -163,19 +163,10 @@ def _runtime_adapters(llm: LLM, setup: Setup) -> dict:
     return seen
 
 
-def _hf_greedy(model, prompt: list[int]) -> list[int]:
-    """transformers' greedy tokens, EOS allowed like any token (as `ignore_eos` does; `generate`'s
-    `min_new_tokens` would ban it instead)."""
-    token_ids = list(prompt)
-    for _ in range(NUM_TOKENS):
-        token_ids.append(int(torch_logits(model, token_ids)[-1].argmax()))
-    return token_ids[len(prompt) :]
-
-
 def test_each_adapter_equals_transformers_peft(setup, run):
     for i, lora in enumerate(setup.loras):
         model = setup.hf_model if lora is None else setup.peft_models[i]
-        assert run["mixed"][i] == _hf_greedy(model, PROMPTS[i]), f"adapter {i}"
+        assert run["mixed"][i] == hf_greedy(model, PROMPTS[i], NUM_TOKENS), f"adapter {i}"
 
 
 def test_a_mixed_batch_equals_each_request_alone(run):
