@@ -13,6 +13,7 @@ import contextlib
 import importlib.metadata
 import json
 import logging
+import os
 from collections.abc import Awaitable, Callable
 
 import fastapi
@@ -332,6 +333,12 @@ def _check_lora_args(engine_args: EngineArgs, server_args: ServerArgs) -> None:
     for name in ("lora_modules", "allowed_lora_dir"):
         if getattr(server_args, name) and not engine_args.enable_lora:
             raise ValueError(f"{name} needs --enable-lora.")
+    if os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true") and (
+        server_args.allowed_lora_dir is None
+    ):
+        logger.warning(
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING is not read: vjx serves the runtime LoRA routes with --allowed-lora-dir."
+        )
     if server_args.allowed_lora_dir is not None and server_args.api_key is None:
         logger.warning("--allowed-lora-dir without --api-key: any client may load adapters from under it.")
 
