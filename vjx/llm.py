@@ -322,6 +322,34 @@ class LLM:
         (seconds; TimeoutError) applies with the engine in its own process."""
         return self.llm_engine.collective_rpc(method, timeout, args, kwargs)
 
+    def get_weights(self) -> dict:
+        """The model's params as a nested dict of arrays (vjx's layout: module path -> array,
+        the LoRA slots left out); in process, the engine's own device arrays."""
+        return self.collective_rpc("get_weights")[0]
+
+    def update_weights(self, weights, reset_prefix_cache: bool = True) -> None:
+        """New params for the model, with no recompilation: `get_weights()`'s layout (any
+        subset of it; jax arrays already on the devices move device to device) or a mapping of
+        Hugging Face tensor names to arrays (laid out on the host, as at load). Arrays of
+        another dtype are cast to the model's; each is placed in its param's sharding on every
+        data-parallel replica. `reset_prefix_cache` drops the KV the old weights computed."""
+        self._check_idle("update_weights")
+        self.collective_rpc("update_weights", args=(weights,))
+        if reset_prefix_cache:
+            self.llm_engine.reset_prefix_cache()
+
+    def reload_weights(self, path: str, reset_prefix_cache: bool = True) -> None:
+        """Every param again from the safetensors files of directory `path` (a checkpoint of
+        the same architecture and shapes), with no recompilation."""
+        self._check_idle("reload_weights")
+        self.collective_rpc("reload_weights", args=(str(path),))
+        if reset_prefix_cache:
+            self.llm_engine.reset_prefix_cache()
+
+    def _check_idle(self, method: str) -> None:
+        if self.llm_engine.has_unfinished_requests():
+            raise RuntimeError(f"{method} needs an idle engine: requests are still unfinished.")
+
     def apply_model(self, func: Callable[[Any], Any]) -> list[Any]:
         """`func(model)` on each worker's Flax NNX model; keep what it returns small (host data)."""
         return self.llm_engine.apply_model(func)

@@ -3,7 +3,9 @@
 Two replicas of tensor parallelism 2 (devices 0-1 and 2-3) must give the same greedy tokens
 as one device, in this process and with one engine process per replica; requests go to the
 least loaded replica and stats add up over replicas. The model ties its embeddings (the
-vocab-parallel embedding table is the LM head) and has attention biases.
+vocab-parallel embedding table is the LM head) and has attention biases. `update_weights`
+reaches every replica: another model's weights by name give its tokens on both, and the first
+model's `get_weights()` pytree (replica 0's sharded arrays) puts its tokens back.
 """
 
 import asyncio
@@ -14,6 +16,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from tests.helpers.tiny_llama import ENGINE_ARGS, PROMPTS, save_tiny_llama
+from tests.lora.lora_models import hf_greedy
 from vjx import LLM, AsyncLLM, EngineArgs, SamplingParams
 from vjx.core.sched.stats import SchedulerStats
 from vjx.engine.core_client import LoadBalancer, merge_stats
@@ -41,7 +44,7 @@ def reference_tokens(model_dir) -> list[list[int]]:
     return _greedy(LLM(model_dir, **ENGINE_ARGS))
 
 
-def test_in_process_replicas_equal_one_device(model_dir, reference_tokens):
+def test_in_process_replicas_equal_one_device(model_dir, reference_tokens, tmp_path):
     llm = LLM(model_dir, **DP_ARGS)
     client = llm.llm_engine.engine_core
     workers = [core.model_executor.worker for core in client.engine_cores]
@@ -54,6 +57,13 @@ def test_in_process_replicas_equal_one_device(model_dir, reference_tokens):
     stats = [core.make_stats() for core in client.engine_cores]
     assert all(s.num_scheduled_tokens > 0 for s in stats)
     assert client.balancer.num_unfinished == [0, 0] and not client.balancer.replica_of
+    original = llm.get_weights()
+    other = save_tiny_llama(tmp_path, 2, seed=6, tie_word_embeddings=True, attention_bias=True)
+    llm.update_weights({name: t.detach().numpy() for name, t in other.state_dict().items()})
+    expected = [hf_greedy(other, p["prompt_token_ids"], GREEDY.max_tokens) for p in PROMPTS]
+    assert _greedy(llm) == expected != reference_tokens
+    llm.update_weights(original)
+    assert _greedy(llm) == reference_tokens
 
 
 def test_requests_alternate_between_equally_loaded_replicas(model_dir):

@@ -148,12 +148,32 @@ def get_model(
     if model_config.load_format == "dummy":
         _fill_dummy(slots, model_config.seed, placement)
     else:
-        is_tied = getattr(model_config.hf_text_config, "tie_word_embeddings", False)
-        names = _CheckpointNames(model_cls.CHECKPOINT_PREFIXES, model_cls.CHECKPOINT_SUBSTRINGS, is_tied)
+        names = _checkpoint_names(model_config, is_draft_head)
         _fill_from_safetensors(slots, pathlib.Path(model_config.model), names, placement)
     for layer in quantized:
         layer.quant_method.process_weights_after_loading(layer, placement.sharding_of)
     return model
+
+
+def fill_from_tensors(
+    model: nnx.Module, model_config: ModelConfig, tensors: Iterator[tuple[str, np.ndarray]], mesh: Mesh | None
+) -> int:
+    """Puts checkpoint tensors (by their names in `model_config`'s checkpoint) into a loaded
+    model's params, laid out and placed as at load; params not named keep their values.
+    Returns how many params changed; a fused param needs all of its parts."""
+    return _fill(_param_slots(model), tensors, _checkpoint_names(model_config), _Placement(mesh), require_all=False)
+
+
+def fill_from_safetensors(model: nnx.Module, model_config: ModelConfig, directory: pathlib.Path, mesh) -> int:
+    """Every param of a loaded model again from the safetensors files in `directory`."""
+    slots, names = _param_slots(model), _checkpoint_names(model_config)
+    return _fill_from_safetensors(slots, directory, names, _Placement(mesh))
+
+
+def _checkpoint_names(model_config: ModelConfig, is_draft_head: bool = False) -> "_CheckpointNames":
+    model_cls = get_model_class(model_config.hf_config, is_draft_head)
+    is_tied = getattr(model_config.hf_text_config, "tie_word_embeddings", False)
+    return _CheckpointNames(model_cls.CHECKPOINT_PREFIXES, model_cls.CHECKPOINT_SUBSTRINGS, is_tied)
 
 
 def _stage_layer_ranges(model: nnx.Module, num_stages: int) -> list[range]:
@@ -260,33 +280,56 @@ class _CheckpointNames:
 
 def _fill_from_safetensors(
     slots: dict[str, _ParamSlot], directory: pathlib.Path, names: _CheckpointNames, placement: _Placement
-) -> None:
+) -> int:
+    tensors = (item for path in _safetensors_files(directory) for item in _read_safetensors(path))
+    try:
+        return _fill(slots, tensors, names, placement, require_all=True)
+    except ValueError as e:
+        raise ValueError(f"the checkpoint in {directory}: {e}") from None
+
+
+def _fill(
+    slots: dict[str, _ParamSlot],
+    tensors: Iterator[tuple[str, np.ndarray]],
+    names: _CheckpointNames,
+    placement: _Placement,
+    require_all: bool,
+) -> int:
+    """Fills the slots `tensors` name; returns how many params were placed. Every slot must
+    be filled with `require_all`, and every fused param's parts in any case; the params change
+    only once all tensors fit (a refused update changes none)."""
     loaded = set()
     pending: dict[int, dict[int, tuple[str, np.ndarray]]] = {}
-    for path in _safetensors_files(directory):
-        for checkpoint_name, tensor in _read_safetensors(path):
-            name = names.slot_name(checkpoint_name)
-            if name is None:
-                continue
-            if name not in slots:
-                raise ValueError(
-                    f"tensor {checkpoint_name!r} in {path} matches no param of the model; "
-                    f"expected names like {sorted(slots)[:3]}."
-                )
-            slot = slots[name]
-            loaded.add(name)
-            parts = pending.setdefault(id(slot.param), {})
-            parts[slot.part] = (name, tensor)
-            if len(parts) == slot.num_parts:
-                del pending[id(slot.param)]
-                _fill_param(slot, [parts[part] for part in range(slot.num_parts)], placement)
-    missing = sorted(name for name in set(slots) - loaded if not slots[name].optional)
+    placed: list[tuple[nnx.Param, jax.Array]] = []
+    for checkpoint_name, tensor in tensors:
+        name = names.slot_name(checkpoint_name)
+        if name is None:
+            continue
+        if name not in slots:
+            raise ValueError(
+                f"tensor {checkpoint_name!r} matches no param of the model; expected names like {sorted(slots)[:3]}."
+            )
+        slot = slots[name]
+        loaded.add(name)
+        parts = pending.setdefault(id(slot.param), {})
+        parts[slot.part] = (name, tensor)
+        if len(parts) == slot.num_parts:
+            del pending[id(slot.param)]
+            placed.append((slot.param, _fill_param(slot, [parts[part] for part in range(slot.num_parts)], placement)))
+    missing = sorted(
+        name
+        for name in set(slots) - loaded
+        if not slots[name].optional and (require_all or id(slots[name].param) in pending)
+    )
     if missing:
-        raise ValueError(f"the checkpoint in {directory} lacks tensors {missing}.")
+        raise ValueError(f"tensors {missing} are missing.")
+    for param, value in placed:
+        param.set_value(value)
+    return len(placed)
 
 
-def _fill_param(slot: _ParamSlot, parts: list[tuple[str, np.ndarray]], placement: _Placement) -> None:
-    """Lays out the (name, tensor) parts of one param, repeats its KV heads, places it. A param
+def _fill_param(slot: _ParamSlot, parts: list[tuple[str, np.ndarray]], placement: _Placement) -> jax.Array:
+    """The (name, tensor) parts of one param laid out, its KV heads repeated, placed. A param
     that holds None (an optional one) takes the shape and dtype of its tensor's layout."""
     param = slot.param
     unset = param.get_value() is None
@@ -298,12 +341,11 @@ def _fill_param(slot: _ParamSlot, parts: list[tuple[str, np.ndarray]], placement
             raise ValueError(f"tensors with shapes {shapes} do not fit {slot.attr}: {error}") from None
         value = None
     if unset:
-        param.set_value(place(value, value.dtype, placement.sharding(param, parts[0][0])))
-        return
+        return place(value, value.dtype, placement.sharding(param, parts[0][0]))
     if value is None or value.shape != param.shape:
         raise ValueError(f"tensors with shapes {shapes} do not fit the param's shape {param.shape}.")
     value = repeat_kv_heads(value, logical_axes_of(param), placement.kv_head_replicas(param))
-    param.set_value(place(value, param.dtype, placement.sharding(param, parts[0][0])))
+    return place(value, param.dtype, placement.sharding(param, parts[0][0]))
 
 
 def _safetensors_files(directory: pathlib.Path) -> list[pathlib.Path]:

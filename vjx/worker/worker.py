@@ -38,6 +38,7 @@ from vjx.sharding.pipeline import stage_layer_ranges
 from vjx.sharding.placement import filled, num_cache_kv_heads
 from vjx.sharding.rules import logical_sharding
 from vjx.spec_decode.config import EAGLE_METHODS
+from vjx.worker import weight_update
 from vjx.worker.executable_cache import ExecutableCache
 from vjx.worker.kv_cache_layout import kv_cache_axes, kv_cache_shape
 from vjx.worker.model_runner import ModelRunner
@@ -308,6 +309,31 @@ class Worker:
     def apply_model(self, func):
         """`func(model)` on this worker's Flax NNX model."""
         return func(self.model)
+
+    def get_weights(self) -> dict:
+        """The model's params, vjx's layout (vjx/worker/weight_update.py)."""
+        return weight_update.get_weights(self.model)
+
+    def update_weights(self, weights) -> int:
+        """New values for the model's params, in vjx's layout or by checkpoint name; the
+        compiled steps take them as they are. Returns how many params changed."""
+        self._check_weights_in_place("update_weights")
+        num_changed = weight_update.update_weights(self.model, self.config.model_config, weights, self.stage_meshes[0])
+        self.model_runner.param_leaves = jax.tree.leaves(nnx.state(self.model))
+        return num_changed
+
+    def reload_weights(self, path: str) -> int:
+        """Every param again from the safetensors files in directory `path`."""
+        self._check_weights_in_place("reload_weights")
+        num_changed = weight_update.reload_weights(self.model, self.config.model_config, path, self.stage_meshes[0])
+        self.model_runner.param_leaves = jax.tree.leaves(nnx.state(self.model))
+        return num_changed
+
+    def _check_weights_in_place(self, method: str) -> None:
+        if self.config.parallel_config.pipeline_parallel_size > 1:
+            raise ValueError(f"{method} with pipeline_parallel_size > 1 is not built yet.")
+        if self.is_sleeping:
+            raise RuntimeError(f"{method} needs an awake engine: call wake_up() first.")
 
     def add_lora(self, lora_request: LoRARequest) -> bool:
         return self._lora_manager().add_adapter(lora_request)
