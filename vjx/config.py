@@ -219,6 +219,8 @@ class VjxConfig:
     structured_outputs_config: StructuredOutputsConfig = StructuredOutputsConfig()
     profile_host: bool = False
     """EngineCore times the host's part of every step and logs it (vjx/engine/step_profiler.py)."""
+    peaks: tuple[float | None, float | None] = (None, None)
+    """The device's memory bytes/s and dense FLOP/s for MBU and MFU (None: a known device's)."""
     speculative_config: SpeculativeConfig | None = None
     """None: no speculative decoding."""
     lora_config: LoRAConfig | None = None

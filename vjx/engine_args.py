@@ -175,6 +175,8 @@ class EngineArgs(VllmCompatArgs):
         "Time the host's part of every engine step (schedule, dispatch, "
         "collect, update) and log the means every 100 steps.",
     )
+    peak_memory_bandwidth: float | None = _field(None, "Device memory bytes/s for MBU (None: a known device's).")
+    peak_flops: float | None = _field(None, "Device dense FLOP/s for MFU (None: a known device's).")
     tensor_parallel_size: int = _field(
         1,
         "Devices each engine replica splits the model over (attention heads, "
@@ -375,6 +377,7 @@ class EngineArgs(VllmCompatArgs):
             multiprocess=self._multiprocess(),
             structured_outputs_config=StructuredOutputsConfig(reasoning_parser=self.reasoning_parser),
             profile_host=self.profile_host,
+            peaks=(self.peak_memory_bandwidth, self.peak_flops),
             speculative_config=speculative_config,
             lora_config=create_lora_config(self.enable_lora, self.max_loras, self.max_lora_rank, self.max_cpu_loras),
         )

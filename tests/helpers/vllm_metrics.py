@@ -2,7 +2,10 @@
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.metrics.vllm_0_32_0_metrics import BUCKETS, METRICS, NOT_IN_VJX
+from tests.metrics.vllm_0_32_0_metrics import BUCKETS, ENGINE_LABELS, METRICS, NOT_IN_VJX
+
+VJX_METRICS = {"mbu": ("gauge", ENGINE_LABELS, None), "mfu": ("gauge", ENGINE_LABELS, None)}
+"""vjx's own metrics beside vLLM's: model bandwidth and FLOP utilization (vjx/metrics/utilization.py)."""
 
 
 def families_by_name(text: str, prefix: str) -> dict:
@@ -16,13 +19,14 @@ def families_by_name(text: str, prefix: str) -> dict:
 
 
 def check_against_vllm(families: dict) -> None:
-    """Every family is vLLM's with its type, label names and buckets; every vLLM metric vjx
-    has a feature for is there."""
+    """Every family is vLLM's (or one of vjx's own) with its type, label names and buckets;
+    every vLLM metric vjx has a feature for is there."""
     missing = set(METRICS) - set(NOT_IN_VJX) - set(families)
     assert not missing, f"vLLM's metrics missing: {sorted(missing)}"
+    table = {**METRICS, **VJX_METRICS}
     for name, family in families.items():
-        assert name in METRICS and name not in NOT_IN_VJX, f"{name} is not one of vLLM's metrics"
-        kind, labels, bucket_family = METRICS[name]
+        assert name in table and name not in NOT_IN_VJX, f"{name} is not one of vLLM's metrics"
+        kind, labels, bucket_family = table[name]
         assert family.type == kind, (name, family.type)
         samples = [s for s in family.samples if not s.name.endswith("_created")]
         assert samples, name

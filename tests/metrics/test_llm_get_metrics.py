@@ -1,7 +1,8 @@
 """`LLM.get_metrics()`: vLLM's metrics of an offline engine, from its own registry.
 
 The engine runs the tiny stand-in for the default model with tests/test_llm.py's small_llm
-shapes and stats on: 24 KV blocks for 8 requests force preemptions.
+shapes and stats on: 24 KV blocks for 8 requests force preemptions. Peaks given for the CPU
+(none is known) make it report MBU and MFU.
 """
 
 import pytest
@@ -25,6 +26,8 @@ def llm(tmp_path_factory):
         max_num_batched_tokens=32,
         num_gpu_blocks_override=24,
         disable_log_stats=False,
+        peak_memory_bandwidth=1e10,
+        peak_flops=1e12,
     )
 
 
@@ -49,6 +52,7 @@ def test_get_metrics_after_a_batch(llm):
         assert histogram.count == 8 and histogram.sum >= 0, name
     assert metrics["vjx:request_params_n"].buckets["1.0"] == 8
     assert all(m.labels.get("model_name") or m.name == "vjx:cache_config_info" for m in metrics.values())
+    assert 0 < metrics["vjx:mbu"].value < 1 and 0 < metrics["vjx:mfu"].value < 1
 
 
 def test_the_registry_is_vllms_table(llm):

@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import jax
+
 from vjx import process_setup
 from vjx.config import VjxConfig
 from vjx.core.request import Request, RequestStatus
@@ -18,6 +20,7 @@ from vjx.engine.messages import EngineCoreOutputs, EngineCoreRequest
 from vjx.engine.step_profiler import NullStepProfiler, StepProfiler
 from vjx.executor.abstract import Executor
 from vjx.lora.request import LoRARequest
+from vjx.metrics.utilization import Utilization, UtilizationMeter, device_peak
 from vjx.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vjx.structured_output import StructuredOutputManager
 
@@ -35,6 +38,8 @@ class EngineCore:
     """Asleep at any level (set by `sleep`): requests added meanwhile wait, none is scheduled."""
     sleep_level: int = 0
     """The level of the last `sleep` (what `make_stats` reports while asleep)."""
+    utilization: UtilizationMeter | None = None
+    """MBU and MFU of the steps (vjx/metrics/utilization.py); None where no device peak is known."""
 
     def __init__(self, config: VjxConfig, executor_class: type[Executor] | None = None):
         # Engines dropped since an earlier one started must free their memory before this
@@ -62,6 +67,10 @@ class EngineCore:
         self.batch_queue_size = config.num_steps_in_flight
         self.step_fn = self.step_with_batch_queue if self.batch_queue_size > 1 else self.step
         self.profiler = StepProfiler() if config.profile_host else NullStepProfiler()
+        peak = device_peak(jax.devices()[0].device_kind, *config.peaks)
+        self.utilization = UtilizationMeter.from_config(
+            config.model_config.hf_text_config, config.model_config.dtype, peak
+        )
         # As vLLM's worker: last in start-up, so loading and compiling draw nothing after it.
         process_setup.set_random_seed(config.model_config.seed, config.parallel_config.data_parallel_rank)
         # Full collections skip the start-up heap while this engine lives.
@@ -75,7 +84,9 @@ class EngineCore:
 
     def make_stats(self) -> SchedulerStats:
         stats = self.scheduler.make_stats()
-        return dataclasses.replace(stats, sleep_level=self.sleep_level if self.is_sleeping() else None)
+        utilization = Utilization() if self.utilization is None else self.utilization.take()
+        sleep_level = self.sleep_level if self.is_sleeping() else None
+        return dataclasses.replace(stats, sleep_level=sleep_level, mbu=utilization.mbu, mfu=utilization.mfu)
 
     def has_work(self) -> bool:
         """Whether `step_fn` has anything to do: requests to run or to report finished, or a
@@ -209,11 +220,16 @@ class EngineCore:
         """Dispatches the step (with its grammar masks); its tokens come with `_collect`."""
         with self.profiler.phase("execute"):
             self.scheduler.get_grammar_bitmask(scheduler_output)
+            if self.utilization is not None:
+                self.utilization.dispatched(scheduler_output)
             return self.model_executor.execute_model(scheduler_output, non_block=True)
 
     def _collect(self, future: AsyncModelRunnerOutput) -> ModelRunnerOutput:
         with self.profiler.phase("collect"):
-            return future.get_output()
+            output = future.get_output()
+            if self.utilization is not None:
+                self.utilization.collected()
+            return output
 
     def _update(self, scheduler_output: SchedulerOutput, model_output: ModelRunnerOutput) -> EngineCoreOutputs:
         with self.profiler.phase("update"):

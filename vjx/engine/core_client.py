@@ -36,11 +36,15 @@ START_TIMEOUT_S = 1800.0
 
 
 def merge_stats(stats: list[SchedulerStats]) -> SchedulerStats:
-    """The replicas' stats as one engine's: counts add up, KV cache usage is the mean (every
-    replica has a pool of its own), the sleep level the deepest any replica is in."""
-    counts = [f.name for f in dataclasses.fields(SchedulerStats) if f.name != "sleep_level"]
+    """The replicas' stats as one engine's: counts add up, KV cache usage, MBU and MFU are
+    means (every replica has a pool and devices of its own), the sleep level the deepest any
+    replica is in."""
+    means = ("kv_cache_usage", "mbu", "mfu")
+    counts = [f.name for f in dataclasses.fields(SchedulerStats) if f.name not in ("sleep_level", *means)]
     total = {name: sum(getattr(s, name) for s in stats) for name in counts}
-    total["kv_cache_usage"] = total["kv_cache_usage"] / len(stats)
+    for name in means:
+        values = [getattr(s, name) for s in stats if getattr(s, name) is not None]
+        total[name] = sum(values) / len(values) if values else None
     total["sleep_level"] = max((s.sleep_level for s in stats if s.sleep_level is not None), default=None)
     return SchedulerStats(**total)
 

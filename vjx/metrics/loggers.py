@@ -7,6 +7,8 @@ offline engines can share a process. A data-parallel engine reports as one (`eng
 its replicas' scheduler stats come merged.
 """
 
+import math
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from vjx.config import CacheConfig
@@ -188,6 +190,10 @@ class PrometheusStatLogger:
         self.sleep_states = {state: sleep.labels(**self.label_values, sleep_state=state) for state in _SLEEP_STATES}
         self.record_sleep_state(None)
         self.kv_cache_usage = self._labelled(Gauge, "kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.utilization = {
+            name: self._labelled(Gauge, name, f"Model {kind} utilization of the engine's steps (NaN: peak unknown).")
+            for name, kind in (("mbu", "bandwidth"), ("mfu", "FLOP"))
+        }
 
     def log_cache_config(self, cache_config: CacheConfig, num_gpu_blocks: int) -> None:
         """vLLM's `cache_config_info`: a gauge set to 1 whose labels are the cache config."""
@@ -212,6 +218,9 @@ class PrometheusStatLogger:
         self.waiting_by_reason["capacity"].set(stats.num_waiting_reqs)
         self.waiting_by_reason["deferred"].set(0)
         self.kv_cache_usage.set(stats.kv_cache_usage)
+        for name, gauge in self.utilization.items():
+            value = getattr(stats, name)
+            gauge.set(math.nan if value is None else value)
         self.counters["prefix_cache_queries"].inc(stats.num_prefix_queried_tokens)
         self.counters["prefix_cache_hits"].inc(stats.num_prefix_hit_tokens)
         self.cached_by_source["device"].inc(stats.num_prefix_hit_tokens)

@@ -75,6 +75,10 @@ class SchedulerStats:
     spec_decoding_stats: SpecDecodingStats = SpecDecodingStats()
     sleep_level: int | None = None
     """The engine's sleep level (`EngineCore.sleep`; 0 pauses scheduling only), None when awake."""
+    mbu: float | None = None
+    """Model bandwidth utilization over the window (vjx/metrics/utilization.py); None: unknown."""
+    mfu: float | None = None
+    """Model FLOP utilization over the window; None: unknown."""
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -107,7 +111,13 @@ class SchedulerStats:
             f"KV cache usage: {self.kv_cache_usage:.1%}, "
             f"Prefix cache hit rate: {self.prefix_cache_hit_rate:.1%}, "
             f"Preemptions: {self.num_preemptions}, "
-            f"Tokens per step: {self.num_tokens_per_step:.1f} over {self.num_steps} steps" + self._spec_decoding_line()
+            f"Tokens per step: {self.num_tokens_per_step:.1f} over {self.num_steps} steps"
+            + "".join(
+                f", {name.upper()}: {value:.1%}"
+                for name, value in (("mbu", self.mbu), ("mfu", self.mfu))
+                if value is not None
+            )
+            + self._spec_decoding_line()
         )
 
     def _spec_decoding_line(self) -> str:
