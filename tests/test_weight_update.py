@@ -9,6 +9,9 @@ an RL loop swaps them between rollouts: two tiny random Llamas A and B, transfor
 - A subset of the params may be given, in another dtype (cast to the model's); an unknown
   path or name, a wrong shape or a fused q/k/v missing a part is refused, and the engine keeps
   its weights.
+- `save_weights` writes an Orbax checkpoint that `load_format="orbax"` restores on one device
+  and over four (tensor parallelism 4: the model has 4 KV heads, so none is repeated), with the
+  same tokens; the Hugging Face conversion is skipped.
 """
 
 import jax
@@ -18,8 +21,10 @@ import pytest
 from tests.helpers.tiny_llama import ENGINE_ARGS, save_tiny_llama
 from tests.lora.lora_models import hf_greedy
 from vjx import LLM, SamplingParams
+from vjx.models.orbax_checkpoint import _param_path
 
 NUM_TOKENS = 8
+NUM_KV_HEADS = 4
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
 PROMPTS = [np.random.default_rng(n).integers(3, 250, 20 + 3 * n).tolist() for n in range(3)]
 _compiles = {"counting": False, "count": 0}
@@ -45,8 +50,8 @@ def _cached(llm: LLM) -> int:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("weights")
-    model_a = save_tiny_llama(root / "a", 2, seed=1)
-    model_b = save_tiny_llama(root / "b", 2, seed=2)
+    model_a = save_tiny_llama(root / "a", NUM_KV_HEADS, seed=1)
+    model_b = save_tiny_llama(root / "b", NUM_KV_HEADS, seed=2)
     seen = {
         "expected": {
             name: [hf_greedy(m, p, NUM_TOKENS) for p in PROMPTS] for name, m in (("a", model_a), ("b", model_b))
@@ -67,6 +72,8 @@ def run(tmp_path_factory) -> dict:
         seen["a_by_tree"] = _greedy(llm)
         llm.reload_weights(str(root / "b"))
         seen["b_by_reload"] = _greedy(llm)
+        llm.save_weights(str(root / "saved"))
+        seen["saved"] = str(root / "saved")
         seen["compiles"] = _compiles["count"]
         _compiles["counting"] = False
         seen["refusals"] = _refusals(llm, original, model_b)
@@ -132,3 +139,17 @@ def test_bad_weights_are_refused_and_change_nothing(run):
 def test_a_subset_in_another_dtype_is_cast(run):
     assert run["norm"].dtype == run["norm_expected"].dtype
     np.testing.assert_allclose(np.asarray(run["norm"]), run["norm_expected"])
+
+
+@pytest.mark.parametrize("tensor_parallel_size", [1, 4])
+def test_orbax_round_trip(run, tensor_parallel_size):
+    llm = LLM(run["saved"], load_format="orbax", tensor_parallel_size=tensor_parallel_size, **ENGINE_ARGS)
+    try:
+        assert _greedy(llm) == run["expected"]["b"]
+    finally:
+        llm.shutdown()
+
+
+def test_a_training_state_maps_onto_param_paths():
+    keys = [jax.tree_util.DictKey(k) for k in ("model", "layers", "0", "mlp", "down_proj", "kernel", "value")]
+    assert _param_path(keys) == ("model", "layers", 0, "mlp", "down_proj", "kernel")

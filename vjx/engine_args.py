@@ -42,7 +42,7 @@ from vjx.utils.argparse_utils import flag_kwargs, json_object
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": "float32", "float": "float32", "bfloat16": "bfloat16", "float16": "float16", "half": "float16"}
-_LOAD_FORMATS = ("auto", "safetensors", "dummy")
+_LOAD_FORMATS = ("auto", "safetensors", "dummy", "orbax")
 _BLOCK_SIZES = (8, 16, 32, 64, 128)
 _POLICIES = ("fcfs", "priority")
 _HASH_ALGOS = ("sha256", "blake2b")

@@ -346,6 +346,12 @@ class LLM:
         if reset_prefix_cache:
             self.llm_engine.reset_prefix_cache()
 
+    def save_weights(self, path: str) -> None:
+        """Writes the params as an Orbax checkpoint under `path`/params, beside the model's
+        config and tokenizer: `LLM(path, load_format="orbax")` restores them straight into its
+        shardings, without the Hugging Face conversion."""
+        self.collective_rpc("save_weights", args=(str(path),))
+
     def _check_idle(self, method: str) -> None:
         if self.llm_engine.has_unfinished_requests():
             raise RuntimeError(f"{method} needs an idle engine: requests are still unfinished.")

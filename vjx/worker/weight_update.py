@@ -17,20 +17,8 @@ import numpy as np
 from flax import nnx
 
 from vjx.config import ModelConfig
-from vjx.models.loader import fill_from_safetensors, fill_from_tensors
+from vjx.models.loader import fill_from_safetensors, fill_from_tensors, model_params
 from vjx.quantization import get_quantization_config
-
-_LORA_SLOTS = "lora"
-"""The attribute of a layer's LoRA slots (vjx/lora/layers.py): the engine's, not weights."""
-
-
-def model_params(model: nnx.Module) -> dict[tuple, nnx.Param]:
-    """Every param that holds an array, by module path; the LoRA slots left out."""
-    return {
-        path: node
-        for path, node in nnx.iter_graph(model)
-        if isinstance(node, nnx.Param) and node.get_value() is not None and _LORA_SLOTS not in path
-    }
 
 
 def get_weights(model: nnx.Module) -> dict:

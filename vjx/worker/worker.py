@@ -31,6 +31,7 @@ from vjx.kv_cache_interface import (
 from vjx.lora.layers import add_lora
 from vjx.lora.request import LoRARequest
 from vjx.lora.worker_manager import LoRAManager
+from vjx.models import orbax_checkpoint
 from vjx.models.loader import get_model
 from vjx.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vjx.sharding.mesh import make_stage_meshes
@@ -328,6 +329,11 @@ class Worker:
         num_changed = weight_update.reload_weights(self.model, self.config.model_config, path, self.stage_meshes[0])
         self.model_runner.param_leaves = jax.tree.leaves(nnx.state(self.model))
         return num_changed
+
+    def save_weights(self, path: str) -> None:
+        """An Orbax checkpoint of the params and the model's small files (replica 0 writes it)."""
+        if self.config.parallel_config.data_parallel_rank == 0:
+            orbax_checkpoint.save_weights(self.get_weights(), path, self.config.model_config.model)
 
     def _check_weights_in_place(self, method: str) -> None:
         if self.config.parallel_config.pipeline_parallel_size > 1:
