@@ -42,6 +42,7 @@ def test_meter_divides_the_roofline_cost_by_step_time(monkeypatch):
     assert figures.mbu == pytest.approx(sum(step_bytes(SHAPE, r) for r in requests) / seconds / 1e9)
     assert figures.mfu == pytest.approx(sum(step_flops(SHAPE, r) for r in requests) / seconds / 1e11)
     assert meter.take() == utilization.Utilization(0.0, 0.0)
+    assert meter.lifetime() == figures, "the host profile's figures span every step"
 
 
 def test_peaks_come_from_the_table_or_the_arguments():

@@ -66,11 +66,11 @@ class EngineCore:
         self.batch_queue: collections.deque[tuple[SchedulerOutput, AsyncModelRunnerOutput]] = collections.deque()
         self.batch_queue_size = config.num_steps_in_flight
         self.step_fn = self.step_with_batch_queue if self.batch_queue_size > 1 else self.step
-        self.profiler = StepProfiler() if config.profile_host else NullStepProfiler()
         peak = device_peak(jax.devices()[0].device_kind, *config.peaks)
         self.utilization = UtilizationMeter.from_config(
             config.model_config.hf_text_config, config.model_config.dtype, peak
         )
+        self.profiler = StepProfiler(utilization=self.utilization) if config.profile_host else NullStepProfiler()
         # As vLLM's worker: last in start-up, so loading and compiling draw nothing after it.
         process_setup.set_random_seed(config.model_config.seed, config.parallel_config.data_parallel_rank)
         # Full collections skip the start-up heap while this engine lives.

@@ -41,8 +41,10 @@ class _PhaseTimer:
 
 
 class StepProfiler:
-    def __init__(self, interval: int = 100):
+    def __init__(self, interval: int = 100, utilization=None):
+        """`utilization`: the engine's UtilizationMeter (None: no MBU / MFU in the line)."""
         self.interval = interval
+        self.utilization = utilization
         self._timers = {name: _PhaseTimer(self, name) for name in PHASES}
         self.reset()
 
@@ -65,12 +67,20 @@ class StepProfiler:
             means = self.means()
             phases = ", ".join(f"{name} {means[name] * 1e3:.2f}" for name in PHASES)
             logger.info(
-                "host profile over %d steps, ms per step: %s; host %.2f of %.2f wall",
+                "host profile over %d steps, ms per step: %s; host %.2f of %.2f wall%s",
                 self.num_steps,
                 phases,
                 means["host"] * 1e3,
                 means["wall"] * 1e3,
+                self._utilization_line(),
             )
+
+    def _utilization_line(self) -> str:
+        if self.utilization is None:
+            return ""
+        figures = self.utilization.lifetime()
+        parts = [(name, value) for name, value in (("MBU", figures.mbu), ("MFU", figures.mfu)) if value is not None]
+        return "".join(f"; {name} {value:.1%}" for name, value in parts)
 
     def means(self) -> dict[str, float]:
         """Seconds per step since the start: each phase, `host` (schedule + execute + update)

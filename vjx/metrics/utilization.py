@@ -49,6 +49,8 @@ class UtilizationMeter:
         self._last_end = 0.0
         self._bytes = self._flops = 0
         self._seconds = 0.0
+        self._lifetime = [0, 0, 0.0]
+        """Bytes, FLOPs and step seconds since start (the host profile's figures)."""
 
     @classmethod
     def from_config(cls, hf_config, dtype: str, peak: DevicePeak | None) -> "UtilizationMeter | None":
@@ -71,22 +73,35 @@ class UtilizationMeter:
         end = time.perf_counter()
         requests = _requests(scheduler_output)
         if requests:
-            self._bytes += step_bytes(self.shape, requests)
-            self._flops += step_flops(self.shape, requests)
-            self._seconds += end - max(start, self._last_end)
+            cost = (
+                step_bytes(self.shape, requests),
+                step_flops(self.shape, requests),
+                end - max(start, self._last_end),
+            )
+            self._bytes += cost[0]
+            self._flops += cost[1]
+            self._seconds += cost[2]
+            self._lifetime = [total + part for total, part in zip(self._lifetime, cost)]
         self._last_end = end
 
     def take(self) -> Utilization:
         """The window's MBU and MFU; the next window starts now."""
-        seconds = self._seconds or float("inf")  # no step ran: 0
-        bandwidth, peak_flops = self.peak.hbm_bytes_per_s, self.peak.dense_bf16_flops_per_s
-        utilization = Utilization(
-            None if bandwidth is None else self._bytes / seconds / bandwidth,
-            None if peak_flops is None else self._flops / seconds / peak_flops,
-        )
+        utilization = self._figures(self._bytes, self._flops, self._seconds)
         self._bytes = self._flops = 0
         self._seconds = 0.0
         return utilization
+
+    def lifetime(self) -> Utilization:
+        """MBU and MFU over every step since start."""
+        return self._figures(*self._lifetime)
+
+    def _figures(self, num_bytes: int | float, flops: int | float, seconds: float) -> Utilization:
+        seconds = seconds or float("inf")  # no step ran: 0
+        bandwidth, peak_flops = self.peak.hbm_bytes_per_s, self.peak.dense_bf16_flops_per_s
+        return Utilization(
+            None if bandwidth is None else num_bytes / seconds / bandwidth,
+            None if peak_flops is None else flops / seconds / peak_flops,
+        )
 
 
 def _requests(so: SchedulerOutput) -> list[tuple[int, int]]:
