@@ -14,6 +14,7 @@ import time
 import traceback
 
 import cases
+
 import examples
 
 GREEDY_PROMPTS = [

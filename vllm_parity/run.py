@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import compare
+
 import examples
 
 HERE = Path(__file__).resolve().parent
