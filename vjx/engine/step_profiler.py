@@ -18,6 +18,8 @@ import contextlib
 import logging
 import time
 
+from vjx.metrics.utilization import UtilizationMeter
+
 logger = logging.getLogger(__name__)
 
 PHASES = ("schedule", "execute", "collect", "update")
@@ -41,7 +43,7 @@ class _PhaseTimer:
 
 
 class StepProfiler:
-    def __init__(self, interval: int = 100, utilization=None):
+    def __init__(self, interval: int = 100, utilization: UtilizationMeter | None = None):
         """`utilization`: the engine's UtilizationMeter (None: no MBU / MFU in the line)."""
         self.interval = interval
         self.utilization = utilization
