@@ -2,7 +2,12 @@
 seeded random prompts, the run's metadata, one printed markdown table and the JSON file.
 
 A result is a dict: the metadata of `run_metadata` (benchmark, engine, date, platform,
-device, command, model), the workload's arguments, and the benchmark's own fields.
+device, command, model, and the provenance a skeptic asks for: the git SHA, the JAX / jaxlib /
+Flax / CUDA versions and the GPU's clocks read at the start), the engine arguments that differ
+from the defaults, the workload's arguments, and the benchmark's own fields.
+
+The SHA is `git rev-parse HEAD` where the checkout has its git directory, else the
+`VJX_GIT_SHA` environment variable (the device machine gets a copy of the tree without it).
 """
 
 import argparse
@@ -11,6 +16,7 @@ import json
 import os
 import pathlib
 import platform
+import subprocess
 import sys
 import time
 
@@ -32,6 +38,67 @@ def run_metadata(benchmark: str, engine: str, platform_name: str, device: str, m
         "command": " ".join([sys.executable, *sys.argv]),
         "argv": list(sys.argv),
         "model": model,
+        "git_sha": git_sha(),
+        "versions": versions(),
+        "gpu_clocks": gpu_clocks(),
+    }
+
+
+def git_sha() -> str:
+    """The checkout's commit (with `+dirty` when tracked files differ), `VJX_GIT_SHA`, or "unknown"."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "-uno"], cwd=root, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        sha = None
+    if sha is None or sha.returncode != 0:
+        return os.environ.get("VJX_GIT_SHA", "unknown")
+    return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def versions() -> dict:
+    """Python, JAX, jaxlib, Flax, and the CUDA / driver versions when a GPU backs JAX."""
+    import flax
+    import jax
+    import jaxlib
+
+    found = {"python": platform.python_version(), "jax": jax.__version__, "jaxlib": jaxlib.__version__}
+    found["flax"] = flax.__version__
+    if jax.default_backend() == "gpu":
+        found["gpu_platform"] = jax.devices()[0].client.platform_version
+    return found
+
+
+def gpu_clocks() -> list[dict] | None:
+    """Each GPU's SM and memory clocks (current and maximum, MHz) and driver from
+    `nvidia-smi`, read now; None where there is no nvidia-smi."""
+    fields = ["name", "driver_version", "clocks.sm", "clocks.mem", "clocks.max.sm", "clocks.max.mem"]
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return [dict(zip(fields, (v.strip() for v in line.split(",")))) for line in out.stdout.splitlines() if line]
+
+
+def engine_arguments(engine_args) -> dict:
+    """The engine arguments that differ from `EngineArgs`'s defaults."""
+    import dataclasses
+
+    defaults = type(engine_args)()
+    return {
+        f.name: getattr(engine_args, f.name)
+        for f in dataclasses.fields(engine_args)
+        if getattr(engine_args, f.name) != getattr(defaults, f.name)
     }
 
 
@@ -58,8 +125,9 @@ def start_engine(args: argparse.Namespace):
     """
     from vjx import LLM, EngineArgs
 
+    engine_args = EngineArgs.from_cli_args(args)
     start = time.perf_counter()
-    llm = LLM(**{**vars(EngineArgs.from_cli_args(args)), "multiprocess": False})
+    llm = LLM(**{**vars(engine_args), "multiprocess": False})
     engine_ready = time.perf_counter() - start
     core = llm.llm_engine.engine_core.engine_core
     worker = getattr(core.model_executor, "worker", None)
@@ -67,6 +135,7 @@ def start_engine(args: argparse.Namespace):
         "load_s": getattr(worker, "load_time", None),
         "warmup_s": core.warmup_time,
         "engine_ready_s": engine_ready,
+        "engine_args": {k: str(v) for k, v in engine_arguments(engine_args).items()},
     }
     return llm, startup
 

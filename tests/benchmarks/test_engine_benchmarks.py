@@ -4,6 +4,7 @@ Llama (CPU) and write complete JSON."""
 import json
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -39,6 +40,9 @@ def test_latency_writes_one_row_per_batch_size(tiny_model_dir, tmp_path, capsys)
     assert (result["benchmark"], result["engine"], result["platform"]) == ("latency", "vjx", "cpu")
     assert result["argv"] == sys.argv  # the command line that started this process
     assert result["load_s"] > 0 and result["warmup_s"] > 0 and result["engine_ready_s"] > 0
+    assert len(result["git_sha"].split("+")[0]) == 40  # this checkout's commit
+    assert result["versions"]["jax"] == jax.__version__ and result["gpu_clocks"] is None
+    assert result["engine_args"]["model"] == tiny_model_dir and "dtype" not in result["engine_args"]
     assert [r["batch_size"] for r in result["runs"]] == [4, 1]
     for run in result["runs"]:
         assert (run["input_len"], run["output_len"]) == (8, 6)
