@@ -1,6 +1,6 @@
 r"""Latency: vLLM's latency benchmark. A batch of `--batch-size` random prompts of `--input-len`
-tokens, each generating exactly `--output-len` tokens (ignore_eos, temperature 1, top_p 1);
-the whole batch is timed, `--num-iters-warmup` untimed runs first, then `--num-iters`.
+tokens, each generating exactly `--output-len` tokens (ignore_eos, `--temperature` 1 by default,
+top_p 1); the whole batch is timed, `--num-iters-warmup` untimed runs first, then `--num-iters`.
 
     python -m benchmarks.latency [--input-len 32 --output-len 128 --batch-size 8] \
         [--num-iters-warmup 10 --num-iters 30] [--output-json latency.json] [engine args...]
@@ -15,7 +15,8 @@ H200 (Llama-3.1-8B shapes, random weights; `.carry/smollm2` holds a tokenizer):
         --tokenizer .carry/smollm2 --load-format dummy --dtype bfloat16 --max-model-len 2048 \
         --batch-size 8 1 --output-json latency.json
 
-Several batch sizes share one engine (one start-up); each gets a row, printed when done.
+Several batch sizes and temperatures (`--temperature 0 1`: greedy and sampled) share one engine
+(one start-up); each pair gets a row, printed when done.
 Every iteration draws fresh prompts from the seeded generator, so the prefix cache never
 serves a prompt. Besides the whole-batch latency (mean, p10/p25/p50/p75/p90/p99) each row
 times the batch with `max_tokens=1` (`prefill_s`: prefill plus one sampled token) and
@@ -46,6 +47,7 @@ HEADER = [
     "roofline",
     "decode HBM",
     "prefill TC",
+    "temp",
 ]
 
 
@@ -93,8 +95,10 @@ def measure_batch(generate, make_prompts, args: argparse.Namespace) -> dict:
     return row
 
 
-def run_batch(llm, args: argparse.Namespace, batch_size: int, rng: np.random.Generator) -> dict:
-    """One row: `measure_batch` on the engine with `batch_size` fresh random prompts per run."""
+def run_batch(llm, args: argparse.Namespace, batch: tuple[int, float], rng: np.random.Generator) -> dict:
+    """One row: `measure_batch` on the engine with `batch` = (batch size, temperature), fresh
+    random prompts per run."""
+    batch_size, temperature = batch
     vocab_size = harness.prompt_vocab_size(llm)
 
     def make_prompts():
@@ -103,11 +107,16 @@ def run_batch(llm, args: argparse.Namespace, batch_size: int, rng: np.random.Gen
 
     def generate(prompts, max_tokens: int):
         params = SamplingParams(
-            temperature=1.0, top_p=1.0, ignore_eos=True, max_tokens=max_tokens, detokenize=not args.disable_detokenize
+            temperature=temperature,
+            top_p=1.0,
+            ignore_eos=True,
+            max_tokens=max_tokens,
+            detokenize=not args.disable_detokenize,
         )
         return llm.generate(prompts, params, use_tqdm=False)
 
     row = {"batch_size": batch_size, "input_len": args.input_len, "output_len": args.output_len}
+    row["temperature"] = temperature
     row.update(measure_batch(generate, make_prompts, args))
     return row
 
@@ -128,6 +137,7 @@ def table_row(run: dict) -> list[str]:
         fmt(run["latency_roofline_fraction"], ".1%"),
         fmt(run["decode_hbm_fraction"], ".1%"),
         fmt(run["prefill_tensor_core_fraction"], ".1%"),
+        fmt(run["temperature"], "g"),
     ]
 
 
@@ -137,6 +147,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument(
         "--batch-size", type=int, nargs="+", default=[8], help="One or more batch sizes, run in order on one engine."
+    )
+    parser.add_argument(
+        "--temperature", type=float, nargs="+", default=[1.0], help="One or more temperatures (0: greedy)."
     )
     parser.add_argument("--num-iters-warmup", type=int, default=10)
     parser.add_argument("--num-iters", type=int, default=30)
@@ -150,6 +163,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     _positive("num_iters_warmup", args.num_iters_warmup, minimum=0)
     for batch_size in args.batch_size:
         _positive("batch_size", batch_size)
+    for temperature in args.temperature:
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}.")
     return args
 
 
@@ -177,10 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     harness.print_header(HEADER)
     engine = llm.llm_engine
     profiler = engine.engine_core.engine_core.profiler if engine.config.profile_host else None
-    for batch_size in args.batch_size:
+    for batch_size, temperature in [(b, t) for t in args.temperature for b in args.batch_size]:
         if profiler is not None:
             profiler.reset()
-        run = run_batch(llm, args, batch_size, rng)
+        run = run_batch(llm, args, (batch_size, temperature), rng)
         if profiler is not None:
             run["host_profile_ms"] = {name: value * 1e3 for name, value in profiler.means().items()}
         run.update(roofline.latency_roofline(shape, peak, (batch_size, args.input_len, args.output_len), run))

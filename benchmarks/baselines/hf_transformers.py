@@ -118,6 +118,7 @@ def run_latency(args: argparse.Namespace) -> dict:
             harness.random_token_ids, rng, runner.vocab_size, [args.input_len] * batch_size
         )
         run = {"batch_size": batch_size, "input_len": args.input_len, "output_len": args.output_len}
+        run["temperature"] = 1.0  # it samples as vjx's latency does by default
         run.update(latency.measure_batch(lambda p, n: runner.generate(p, n, do_sample=True), make_prompts, args))
         run.update(roofline.latency_roofline(shape, peak, (batch_size, args.input_len, args.output_len), run))
         result["runs"].append(run)

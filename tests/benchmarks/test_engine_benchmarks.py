@@ -23,6 +23,9 @@ def test_latency_writes_one_row_per_batch_size(tiny_model_dir, tmp_path, capsys)
         "--batch-size",
         "4",
         "1",
+        "--temperature",
+        "0",
+        "1",
         "--input-len",
         "8",
         "--output-len",
@@ -43,7 +46,7 @@ def test_latency_writes_one_row_per_batch_size(tiny_model_dir, tmp_path, capsys)
     assert len(result["git_sha"].split("+")[0]) == 40  # this checkout's commit
     assert result["versions"]["jax"] == jax.__version__ and result["gpu_clocks"] is None
     assert result["engine_args"]["model"] == tiny_model_dir and "dtype" not in result["engine_args"]
-    assert [r["batch_size"] for r in result["runs"]] == [4, 1]
+    assert [(r["batch_size"], r["temperature"]) for r in result["runs"]] == [(4, 0), (1, 0), (4, 1), (1, 1)]
     for run in result["runs"]:
         assert (run["input_len"], run["output_len"]) == (8, 6)
         assert len(run["latencies_s"]) == 3
@@ -53,7 +56,8 @@ def test_latency_writes_one_row_per_batch_size(tiny_model_dir, tmp_path, capsys)
         assert run["decode_step_bytes"] > 0 and run["prefill_flops"] > 0
         assert run["decode_hbm_fraction"] is None  # no published peaks for a CPU
     table = capsys.readouterr().out
-    assert table.count("\n| 4 | 8 | 6 |") == 1 and table.count("\n| 1 | 8 | 6 |") == 1
+    assert table.count("\n| 4 | 8 | 6 |") == 2 and table.count("\n| 1 | 8 | 6 |") == 2
+    assert table.count(" | 0 |\n") == 2 and table.count(" | 1 |\n") == 2
 
 
 @pytest.mark.parametrize("dataset", ["random", "sharegpt-synthetic"])
