@@ -14,6 +14,12 @@
 #                           gpt-oss-20b and Mixtral-8x7B shapes: grouped GEMM vs loop vs dense
 #   vjx_qwen3_moe_throughput  Qwen3-30B-A3B (dummy bf16 weights, 61 GB), 256 requests 512 / 256
 #   vjx_mixtral_throughput  Mixtral-8x7B (dummy bf16 weights, 93 GB: an H200), the same workload
+#   vjx_latency_greedy      the latency rows at temperature 0 (batch 8, 1, 64)
+#   vjx_throughput_1000x1000  vjx, 1000 requests of 1000 in / 1000 out
+#   vjx_qwen3_8b_latency, vjx_gemma3_12b_latency  latency 32 / 128 at batch 1 and 8 on the
+#                           Qwen3-8B and Gemma-3-12B shapes (dummy bf16 weights)
+#   startup_8b              start-up from an 8B safetensors checkpoint written to disk (random
+#                           weights), cold and warm compilation cache, 3 runs each
 #   plot                    PNG plots of every result
 # Each step prints its table when done. Every step runs under `timeout`, the whole suite under
 # SUITE_BUDGET_S: a step that would start with too little time left is skipped (a latency JSON
@@ -117,6 +123,21 @@ for moe_model in qwen3_moe:qwen3-30b-a3b mixtral:mixtral-8x7b; do
     --max-model-len 2048 --num-prompts 256 --input-len 512 --output-len 256 \
     --output-json "$WORK/vjx_${moe_model%%:*}_throughput.json"
 done
+
+step vjx_latency_greedy 300 python3 -m benchmarks.latency "${ENGINE[@]}" --batch-size 8 1 64 --temperature 0 \
+  --input-len 32 --output-len 128 --num-iters-warmup 2 --num-iters 8 --output-json "$WORK/vjx_latency_greedy.json"
+
+step vjx_throughput_1000x1000 400 python3 -m benchmarks.throughput "${ENGINE[@]}" --num-prompts 1000 \
+  --input-len 1000 --output-len 1000 --output-json "$WORK/vjx_throughput_1000x1000.json"
+
+for shape in qwen3_8b:qwen3-8b gemma3_12b:gemma-3-12b; do
+  step "vjx_${shape%%:*}_latency" 240 python3 -m benchmarks.latency --model "benchmarks/configs/${shape#*:}" \
+    --tokenizer "$TOKENIZER" --load-format dummy --dtype bfloat16 --max-model-len 2048 --batch-size 8 1 \
+    --input-len 32 --output-len 128 --num-iters-warmup 2 --num-iters 8 --output-json "$WORK/vjx_${shape%%:*}_latency.json"
+done
+
+step startup_8b 480 python3 -m benchmarks.startup --model "$MODEL" --tokenizer "$TOKENIZER" --dtype bfloat16 \
+  --max-model-len 2048 --weights-dir /tmp/vjx-startup-8b --repeats 3 --output-json "$WORK/startup_8b.json"
 
 PLOT_RESERVE_S=0 step plot 30 python3 -m benchmarks.plot "$WORK" --output-dir "$WORK"
 cp "$WORK"/*.png "$OUT"/ 2>/dev/null
