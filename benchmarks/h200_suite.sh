@@ -32,7 +32,8 @@
 #
 # Run from the repository root with PYTHONPATH set, through the device tool with
 # carry [".carry/smollm2"]:  PYTHONPATH=. bash benchmarks/h200_suite.sh
-# Environment: OUT (required), TOKENIZER (default .carry/smollm2: the llama-3.1-8b config
+# Environment: OUT (required), VJX_GIT_SHA (the commit, recorded in every JSON: the device's copy
+# of the tree has no .git), TOKENIZER (default .carry/smollm2: the llama-3.1-8b config
 # directory has no tokenizer), VJX_ENGINE_ARGS (extra engine flags for every vjx run),
 # SUITE_BUDGET_S (default 530), SUITE_ONLY, HF_THROUGHPUT_PROMPTS (default 256).
 set -u
