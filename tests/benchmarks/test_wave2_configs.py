@@ -20,9 +20,7 @@ def test_vjx_builds_the_shape(name, billions):
     config = transformers.AutoConfig.from_pretrained(CONFIGS / name)
     model_cls = get_model_class(config)
     model = nnx.eval_shape(
-        lambda: model_cls(
-            config, dtype=jnp.bfloat16, backend=ReferenceBackend(), rngs=nnx.Rngs(0), max_model_len=2048
-        )
+        lambda: model_cls(config, dtype=jnp.bfloat16, backend=ReferenceBackend(), rngs=nnx.Rngs(0), max_model_len=2048)
     )
     num_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     assert num_params / 1e9 == pytest.approx(billions, abs=0.01)
