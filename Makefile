@@ -23,7 +23,8 @@ demo: $(STAMP)
 # Three pytest processes share CI's two cores (a test module stays in one, with its engine):
 # much of a test's time is waiting on a server, a subprocess or a compile, and a third process
 # keeps both cores busy (20 min instead of 25 on a 2-core, 24 GiB machine; memory peaks near
-# 12 GiB). The modules marked `serial` time latencies, so they run afterwards alone.
+# 12 GiB). The modules marked `serial` time latencies or wait on heartbeats between processes,
+# so they run afterwards alone.
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

@@ -16,6 +16,10 @@ from vjx.distributed.channel import free_ports
 from vjx.engine.exceptions import EngineDeadError
 from vjx.engine_args import EngineArgs
 
+# Its processes watch each other with 5-second heartbeats: under the parallel part of
+# `make test` (three processes on two cores) a busy rank can miss them, so it runs alone.
+pytestmark = pytest.mark.serial
+
 _GREEDY = SamplingParams(max_tokens=multi_host.MAX_TOKENS, temperature=0.0)
 
 

@@ -14,6 +14,10 @@ from tests.helpers.tiny_default_model import save_tiny_default_model
 from vjx.distributed.channel import free_ports
 from vjx.engine_args import EngineArgs
 
+# Its processes watch each other with 5-second heartbeats: under the parallel part of
+# `make test` (three processes on two cores) a busy rank can miss them, so it runs alone.
+pytestmark = pytest.mark.serial
+
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> str:
