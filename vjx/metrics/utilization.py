@@ -49,8 +49,8 @@ class UtilizationMeter:
         self._last_end = 0.0
         self._bytes = self._flops = 0
         self._seconds = 0.0
-        self._lifetime = [0, 0, 0.0]
-        """Bytes, FLOPs and step seconds since start (the host profile's figures)."""
+        self._taken = (0, 0, 0.0)
+        """Bytes, FLOPs and step seconds of the windows already taken (for `lifetime`)."""
 
     @classmethod
     def from_config(cls, hf_config, dtype: str, peak: DevicePeak | None) -> "UtilizationMeter | None":
@@ -73,27 +73,23 @@ class UtilizationMeter:
         end = time.perf_counter()
         requests = _requests(scheduler_output)
         if requests:
-            cost = (
-                step_bytes(self.shape, requests),
-                step_flops(self.shape, requests),
-                end - max(start, self._last_end),
-            )
-            self._bytes += cost[0]
-            self._flops += cost[1]
-            self._seconds += cost[2]
-            self._lifetime = [total + part for total, part in zip(self._lifetime, cost)]
+            self._bytes += step_bytes(self.shape, requests)
+            self._flops += step_flops(self.shape, requests)
+            self._seconds += end - max(start, self._last_end)
         self._last_end = end
 
     def take(self) -> Utilization:
         """The window's MBU and MFU; the next window starts now."""
         utilization = self._figures(self._bytes, self._flops, self._seconds)
+        self._taken = (self._taken[0] + self._bytes, self._taken[1] + self._flops, self._taken[2] + self._seconds)
         self._bytes = self._flops = 0
         self._seconds = 0.0
         return utilization
 
     def lifetime(self) -> Utilization:
         """MBU and MFU over every step since start."""
-        return self._figures(*self._lifetime)
+        num_bytes, flops, seconds = self._taken
+        return self._figures(num_bytes + self._bytes, flops + self._flops, seconds + self._seconds)
 
     def _figures(self, num_bytes: int | float, flops: int | float, seconds: float) -> Utilization:
         seconds = seconds or float("inf")  # no step ran: 0

@@ -320,15 +320,19 @@ class Worker:
         compiled steps take them as they are. Returns how many params changed."""
         self._check_weights_in_place("update_weights")
         num_changed = weight_update.update_weights(self.model, self.config.model_config, weights, self.stage_meshes[0])
-        self.model_runner.param_leaves = jax.tree.leaves(nnx.state(self.model))
+        self._reread_params()
         return num_changed
 
     def reload_weights(self, path: str) -> int:
         """Every param again from the safetensors files in directory `path`."""
         self._check_weights_in_place("reload_weights")
         num_changed = weight_update.reload_weights(self.model, self.config.model_config, path, self.stage_meshes[0])
-        self.model_runner.param_leaves = jax.tree.leaves(nnx.state(self.model))
+        self._reread_params()
         return num_changed
+
+    def _reread_params(self) -> None:
+        """The runner's step arguments after the model's params were replaced (same shapes)."""
+        self.model_runner.param_leaves = jax.tree.leaves(nnx.state(self.model))
 
     def save_weights(self, path: str) -> None:
         """An Orbax checkpoint of the params and the model's small files (replica 0 writes it)."""
