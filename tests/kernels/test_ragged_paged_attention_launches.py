@@ -101,7 +101,7 @@ def test_decode_launch_writes_rows_of_one_segment():
     )
     geometry = kv_walk.Geometry(2, 4, 64, 16, block_m=16, block_k=16)
     splits = rpa.Splits(8, 4, 2, 16, None)  # 2 segments at most for 3 rows
-    *_, out = rpa._decode(step, geometry, splits, TUNING.decode)
+    *_, out = rpa._decode(step, geometry, splits, TUNING.decode, None)
     out = np.asarray(out)
     expected = dense_attention(batch, SCORING.sm_scale)
     assert np.all(np.isnan(out[0])), "241 keys, 16 tiles: two segments, merged later"

@@ -6,6 +6,14 @@ Its cache layout is `[2, K, P, S, H]` (index 0 keys, 1 values; one kv head's pag
 contiguous), unlike the reference's `[2, P, S, K, H]`. Off a GPU the kernels run in Pallas
 interpret mode, which is how CI tests them. An fp8 cache is quantized by the write and read
 back inside the attention kernel (vjx/kernels/kv_quant.py).
+
+Which kernel runs the rows with several query tokens (`prefill_kernel`):
+- "mosaic": the Mosaic GPU kernel (vjx/kernels/paged_prefill_mgpu.py: TMA, wgmma, warp
+  specialisation) for steps of 16-bit q and cache, head dim 64 or 128, no sliding window, soft
+  cap or sinks, and at least 128 tokens; any other step keeps the Triton launch;
+- "triton": always the Triton-lowered launch of vjx/kernels/ragged_paged_attention.py;
+- "auto" (default): "mosaic" on a Hopper GPU (it needs sm_90a), else "triton".
+Decode rows always run in the Triton decode launch.
 """
 
 import dataclasses
@@ -17,8 +25,18 @@ from jaxtyping import Array, Float
 from vjx.attention.metadata import AttentionMetadata
 from vjx.kernels.kv_cache_write import write_kv_cache
 from vjx.kernels.kv_quant import kv_scales
+from vjx.kernels.paged_prefill_mgpu import MosaicPrefillTuning
 from vjx.kernels.ragged_paged_attention import Scoring, ragged_paged_attention
 from vjx.kernels.tuning import AttentionTuning
+
+
+_PREFILL_KERNELS = ("auto", "mosaic", "triton")
+
+
+def _is_hopper() -> bool:
+    """Whether the default device is a Hopper GPU (compute capability 9.0)."""
+    device = jax.devices()[0]
+    return device.platform == "gpu" and getattr(device, "compute_capability", "") == "9.0"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +49,19 @@ class PallasGpuBackend:
     """Kernel knobs; None takes the per-head-dim defaults of vjx/kernels/tuning.py."""
     interpret: bool | None = None
     """Run the kernels in Pallas interpret mode; None means "unless the default device is a GPU"."""
+    prefill_kernel: str = "auto"
+    """"auto", "mosaic" or "triton": see the module docstring."""
+    mosaic_tuning: MosaicPrefillTuning = MosaicPrefillTuning()
+
+    def __post_init__(self):
+        if self.prefill_kernel not in _PREFILL_KERNELS:
+            raise ValueError(f"prefill_kernel must be one of {_PREFILL_KERNELS}, got {self.prefill_kernel!r}.")
+
+    def mosaic_prefill(self) -> MosaicPrefillTuning | None:
+        """The Mosaic GPU prefill kernel's tuning where it is chosen, else None."""
+        if self.prefill_kernel == "triton" or (self.prefill_kernel == "auto" and not _is_hopper()):
+            return None
+        return self.mosaic_tuning
 
     def kv_cache_shape(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
         return (2, num_kv_heads, num_blocks, block_size, head_dim)
@@ -67,6 +98,7 @@ class PallasGpuBackend:
             sinks,
             scoring=scoring,
             tuning=self.tuning,
+            mosaic_prefill=self.mosaic_prefill(),
             interpret=interpret,
         )
         return out, kv_cache

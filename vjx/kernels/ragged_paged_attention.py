@@ -50,6 +50,8 @@ from jax.experimental.pallas import triton as plgpu
 from jaxtyping import Array, Float, Int
 
 from vjx.kernels.kv_quant import compute_dtype
+from vjx.kernels.paged_prefill_mgpu import MosaicPrefillTuning, paged_prefill_attention
+from vjx.kernels.paged_prefill_mgpu import supports as mosaic_supports
 from vjx.kernels.kv_walk import (
     MASK_VALUE,
     Geometry,
@@ -119,9 +121,12 @@ def _decode_segment(seq_len: Array, split: Array, num_splits: Array, splits: Spl
     return walk, div(start, g.block_k), num_full, cdiv(end, g.block_k)
 
 
-def _decode_kernel(*kernel_refs, geometry: Geometry, scoring: Scoring, splits: Splits):
+def _decode_kernel(*kernel_refs, geometry: Geometry, scoring: Scoring, splits: Splits, out_in: bool):
     """Program (c, k): segment c // num_seqs of row c % num_seqs, kv head k -> the row's output
-    when it has one segment, else the segment's partials at slot c."""
+    when it has one segment, else the segment's partials at slot c. With `out_in`, the output
+    is the aliased input before the outputs (the prefill launch's), written in place."""
+    if out_in:
+        kernel_refs = (*kernel_refs[:-5], *kernel_refs[-4:])
     refs = _Refs(*kernel_refs)
     program, kv_head = pl.program_id(0), pl.program_id(1)
     num_seqs = refs.num_seqs[0]
@@ -235,11 +240,12 @@ class QueryBlock:
 
 
 def find_query_block(
-    query_start_loc, num_seqs_ref, num_tokens: int, block: Array, block_q: int
+    query_start_loc, num_seqs_ref, num_tokens: int, block: Array, block_q: int, prefill_rows: bool = True
 ) -> tuple[QueryBlock, Array]:
     """Query block `block` of the step and whether it exists. The blocks are those of the rows
-    with more than one query token, in row order, then those of the padding tokens (as row
-    num_seqs, tokens [query_start_loc[num_seqs], T)). Two vector loads of `query_start_loc`
+    with more than one query token (unless `prefill_rows` is False), in row order, then those
+    of the padding tokens (as row num_seqs, tokens [query_start_loc[num_seqs], T)). Two vector
+    loads of `query_start_loc`
     (issued together) and a prefix sum of the rows' block counts place it: no chain of
     dependent loads, so a program with no block exits after one round trip to memory."""
     num_rows = query_start_loc.shape[0] - 1
@@ -249,7 +255,7 @@ def find_query_block(
     hi = plgpu.load(query_start_loc.at[jnp.minimum(r + 1, num_rows)])
     hi = jnp.where(r == num_seqs, num_tokens, hi)
     q_len = hi - lo
-    has_blocks = jnp.where(r < num_seqs, q_len > 1, (r == num_seqs) & (q_len > 0))
+    has_blocks = jnp.where(r < num_seqs, (q_len > 1) & prefill_rows, (r == num_seqs) & (q_len > 0))
     num_blocks = jnp.where(has_blocks, cdiv(q_len, block_q), 0)
     ends = jax.lax.cumsum(num_blocks, axis=0)
     row = jnp.sum((ends <= block).astype(jnp.int32))
@@ -304,10 +310,11 @@ def _prefill_block(qb: QueryBlock, kv_head: Array, refs: _Refs, g: Geometry, sco
 
 
 def _merge_prefill_kernel(
-    *kernel_refs, prefill: Geometry, decode: Geometry, scoring: Scoring, splits: Splits, num_blocks: int
+    *kernel_refs, prefill: Geometry, decode: Geometry, scoring: Scoring, splits: Splits, num_blocks: int, rows: bool
 ):
     """Program (p, k), kv head k: query block num_blocks - 1 - p (the last blocks first) for
-    p < num_blocks, else the merge of decode row p - num_blocks."""
+    p < num_blocks, else the merge of decode row p - num_blocks. Without `rows`, the blocks
+    are the padding tokens' only (the Mosaic GPU launch wrote the prefill rows)."""
     *inputs, _out_in_ref, out_ref = kernel_refs
     refs = _Refs(*inputs, out_ref)
     program, kv_head = pl.program_id(0), pl.program_id(1)
@@ -320,7 +327,9 @@ def _merge_prefill_kernel(
     @pl.when((program < num_blocks) & ~is_past)
     def _():
         block = num_blocks - 1 - program
-        qb, is_block = find_query_block(refs.query_start_loc, refs.num_seqs, refs.q.shape[0], block, prefill.block_q)
+        qb, is_block = find_query_block(
+            refs.query_start_loc, refs.num_seqs, refs.q.shape[0], block, prefill.block_q, prefill_rows=rows
+        )
         is_padding = qb.row == refs.num_seqs[0]
 
         @pl.when(is_block & is_padding)
@@ -392,7 +401,7 @@ def _check_shapes(q: Array, kv_cache: Array, sinks: Array | None) -> None:
 
 
 # Jitted so a model's layers share one trace and lowering of the two launches.
-@functools.partial(jax.jit, static_argnames=("scoring", "tuning", "interpret"))
+@functools.partial(jax.jit, static_argnames=("scoring", "tuning", "mosaic_prefill", "interpret"))
 def ragged_paged_attention(
     q: Float[Array, "T N H"],
     kv_cache: Float[Array, "2 K P S H"],
@@ -405,11 +414,14 @@ def ragged_paged_attention(
     *,
     scoring: Scoring,
     tuning: AttentionTuning | None = None,
+    mosaic_prefill: MosaicPrefillTuning | None = None,
     interpret: bool = False,
 ) -> Float[Array, "T N H"]:
     """Attends every real query token to its row's keys; padding tokens get 0. `kv_scales`
     ([k_scale, v_scale], float32) apply to an fp8 cache only; None means 1.0. `sinks` (one
-    logit per query head, None: none) join each head's softmax denominator."""
+    logit per query head, None: none) join each head's softmax denominator. With
+    `mosaic_prefill`, the rows of several query tokens run in the Mosaic GPU kernel
+    (vjx/kernels/paged_prefill_mgpu.py) where `uses_mosaic_prefill` says it applies."""
     _check_shapes(q, kv_cache, sinks)
     _, num_heads, head_dim = q.shape
     _, num_kv_heads, _, page_size, _ = kv_cache.shape
@@ -435,18 +447,38 @@ def ragged_paged_attention(
         decode.block_k,
         scoring.sliding_window,
     )
-    buffers = _decode(step, decode, splits, tuning.decode)
+    out = None
+    if mosaic_prefill is not None and uses_mosaic_prefill(q, kv_cache, scoring, sinks, mosaic_prefill):
+        metadata = (query_start_loc, seq_lens, block_tables, num_seqs)
+        out = paged_prefill_attention(
+            q, kv_cache, *metadata, sm_scale=scoring.sm_scale, tuning=mosaic_prefill, interpret=interpret
+        )
+    buffers = _decode(step, decode, splits, tuning.decode, out)
     prefill = dataclasses.replace(
         decode,
         block_m=max(tuning.prefill.block_m, pl.next_power_of_2(group)),
         block_k=tuning.prefill.block_k,
     )
-    return _merge_prefill(step, (decode, prefill), splits, tuning.prefill, buffers)
+    return _merge_prefill(step, (decode, prefill), splits, tuning.prefill, (buffers, out is None))
 
 
-def _decode(step: _Step, g: Geometry, splits: Splits, tuning: KernelTuning) -> tuple:
+def uses_mosaic_prefill(
+    q: Array, kv_cache: Array, scoring: Scoring, sinks: Array | None, tuning: MosaicPrefillTuning
+) -> bool:
+    """Whether a step of these shapes runs its prefill rows in the Mosaic GPU kernel: 16-bit q
+    and cache of one dtype, head dim 64 or 128, no sliding window, soft cap or sinks, and at
+    least one full query block of tokens (smaller steps stay in the Triton launch)."""
+    num_tokens, _, head_dim = q.shape
+    page_size = kv_cache.shape[3]
+    plain = scoring.sliding_window is None and scoring.soft_cap is None and sinks is None
+    is_large = num_tokens >= 2 * tuning.block_q
+    return plain and is_large and mosaic_supports(q.dtype, kv_cache.dtype, head_dim, page_size, tuning)
+
+
+def _decode(step: _Step, g: Geometry, splits: Splits, tuning: KernelTuning, out: Array | None) -> tuple:
     """Launch 1: float32 partials [C, K, G, H] (acc), [C, K, G] (max, sum) of the split rows'
-    segments, and the output [T, N, H] with the rows of one segment written."""
+    segments, and the output [T, N, H] with the rows of one segment written (into `out` in
+    place when given)."""
     num_rows = step.max_rows
     num_programs = max(num_rows, min(num_rows * splits.max_kv_splits, splits.decode_programs))
     shape = (num_programs, g.num_kv_heads, g.group)
@@ -456,20 +488,26 @@ def _decode(step: _Step, g: Geometry, splits: Splits, tuning: KernelTuning) -> t
         jax.ShapeDtypeStruct(shape, jnp.float32),
         jax.ShapeDtypeStruct(step.q.shape, step.q.dtype),
     )
-    kernel = functools.partial(_decode_kernel, geometry=g, scoring=step.scoring, splits=splits)
-    launch = step.launch(kernel, (num_programs, g.num_kv_heads), out_shape, tuning)
-    return launch(*step.inputs)
+    kernel = functools.partial(
+        _decode_kernel, geometry=g, scoring=step.scoring, splits=splits, out_in=out is not None
+    )
+    if out is None:
+        return step.launch(kernel, (num_programs, g.num_kv_heads), out_shape, tuning)(*step.inputs)
+    inputs = (*step.inputs, out)
+    aliases = {len(jax.tree.leaves(inputs)) - 1: 3}
+    return step.launch(kernel, (num_programs, g.num_kv_heads), out_shape, tuning, aliases)(*inputs)
 
 
 def _merge_prefill(step: _Step, geometries: tuple, splits: Splits, tuning: KernelTuning, buffers: tuple) -> Array:
-    """Launch 2: the prefill rows, the split decode rows and the padding tokens, written into
-    the decode launch's output in place."""
+    """Launch 2: the prefill rows (unless the Mosaic GPU launch wrote them), the split decode
+    rows and the padding tokens, written into the decode launch's output in place."""
     decode, prefill = geometries
+    buffers, rows = buffers
     num_tokens = step.q.shape[0]
     # The rows with blocks: those of several tokens (min(R, T // 2) at most) and the padding
     # row. n such rows, T tokens in all, fill at most (T - n) // block_q + n blocks, a bound
     # that grows with n.
-    num_rows = min(min(step.seq_lens.shape[0], num_tokens // 2) + 1, num_tokens)
+    num_rows = min(min(step.seq_lens.shape[0], num_tokens // 2) + 1, num_tokens) if rows else 1
     num_blocks = (num_tokens - num_rows) // prefill.block_q + num_rows
     # Rows are split only when num_seqs <= decode_programs // 2.
     num_merge_rows = min(step.max_rows, splits.decode_programs // 2) if splits.max_kv_splits > 1 else 0
@@ -480,6 +518,7 @@ def _merge_prefill(step: _Step, geometries: tuple, splits: Splits, tuning: Kerne
         scoring=step.scoring,
         splits=splits,
         num_blocks=num_blocks,
+        rows=rows,
     )
     inputs = (*step.inputs, *buffers)
     launch = step.launch(

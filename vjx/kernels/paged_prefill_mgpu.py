@@ -1,0 +1,404 @@
+"""Paged, ragged prefill attention for Hopper GPUs in Pallas Mosaic GPU (TMA, wgmma and
+warp-specialised warpgroups, after FlashAttention-3).
+
+Legend: T tokens, R request rows, N query heads, K kv heads, G = N // K query heads per kv
+head, H head dim, P pages, S page size, W block-table width, Q query tokens of one compute
+warpgroup, L keys of one tile, B query blocks of the step.
+
+A program (CTA) takes 2 * Q consecutive query tokens of one row with several query tokens
+and one query head, in three warpgroups:
+- warpgroup 2 (memory) walks the row's key tiles through its block table: each tile of L keys
+  is one TMA copy per page (or per L-row slice of a page larger than L) into a shared-memory
+  ring of `stages` slots, tracked by one barrier per slot; it refills a slot once both
+  compute warpgroups have released it;
+- warpgroups 0 and 1 (compute) each hold Q query tokens: S = q k^T by wgmma, an online
+  softmax in float32 (base 2, the scale folded into log2(e)), then acc += p v by wgmma.
+  Tiles wholly before a warpgroup's first token are unmasked; the rest are masked causally,
+  aligned to the end of the row. The two warpgroups take turns on the tensor cores (one's
+  softmax overlaps the other's matmuls) through a shared schedule barrier.
+The output rows are stored by TMA in a ladder of power-of-two row counts, so a block's rows
+past its row's last token (the next row's tokens) are never written.
+
+Rows with one query token (decode) and padding tokens are not touched: the caller writes
+them (vjx/kernels/ragged_paged_attention.py runs its decode and merge launches on this
+launch's output). The schedule of query blocks (row, first token) is computed by XLA from
+`query_start_loc`, longest-running blocks first.
+"""
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+from jaxtyping import Array, Float, Int
+
+_LOG2E = math.log2(math.e)
+_COMPUTE_WARPGROUPS = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicPrefillTuning:
+    """Tile shape of the Mosaic GPU prefill kernel (static; a change is a recompile)."""
+
+    block_q: int = 64
+    """Query tokens per compute warpgroup (the M of its wgmma: a multiple of 64)."""
+    block_kv: int = 128
+    """Keys per tile (a multiple of 64)."""
+    stages: int = 2
+    """Key/value tiles in flight (the shared-memory ring's slots)."""
+
+    def __post_init__(self):
+        for name in ("block_q", "block_kv"):
+            if getattr(self, name) % 64 or getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be a positive multiple of 64, got {getattr(self, name)}.")
+        if self.stages < 2:
+            raise ValueError(f"stages must be >= 2, got {self.stages}.")
+
+
+def supports(q_dtype, kv_dtype, head_dim: int, page_size: int, tuning: MosaicPrefillTuning) -> bool:
+    """Whether the kernel handles these shapes: 16-bit q and cache of one dtype, head dims
+    64 and 128, pages that tile the key tiles."""
+    is_16_bit = jnp.dtype(q_dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+    pages_fit = page_size % 8 == 0 and (tuning.block_kv % page_size == 0 or page_size % tuning.block_kv == 0)
+    return is_16_bit and jnp.dtype(q_dtype) == jnp.dtype(kv_dtype) and head_dim in (64, 128) and pages_fit
+
+
+def num_query_blocks(num_tokens: int, max_rows: int, block_tokens: int) -> int:
+    """Query blocks of a step at most: n rows with several tokens, T tokens in all, fill at
+    most (T - n) // block_tokens + n blocks, a bound that grows with n <= min(R, T // 2)."""
+    rows = max(1, min(max_rows, num_tokens // 2))
+    return (num_tokens - rows) // block_tokens + rows
+
+
+def query_block_schedule(
+    query_start_loc: Int[Array, " R1"], num_seqs: Int[Array, "1"], num_blocks: int, block_tokens: int
+) -> Int[Array, "B 2"]:
+    """(row, first token) of each query block of the rows with several query tokens, each
+    row's last block (the most keys) first; (-1, 0) past the last block."""
+    num_rows = query_start_loc.shape[0] - 1
+    q_lens = jnp.diff(query_start_loc)
+    is_prefill = (jnp.arange(num_rows) < num_seqs[0]) & (q_lens > 1)
+    blocks = jnp.where(is_prefill, (q_lens + block_tokens - 1) // block_tokens, 0)
+    ends = jnp.cumsum(blocks)
+    block = jnp.arange(num_blocks, dtype=jnp.int32)
+    row = jnp.minimum(jnp.searchsorted(ends, block, side="right"), num_rows - 1).astype(jnp.int32)
+    tile = ends[row] - 1 - block
+    first = query_start_loc[row] + tile * block_tokens
+    is_block = block < ends[-1]
+    return jnp.stack([jnp.where(is_block, row, -1), jnp.where(is_block, first, 0)], axis=1).astype(jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shape:
+    group: int
+    head_dim: int
+    page_size: int
+    width: int  # W
+    tuning: MosaicPrefillTuning
+    sm_scale: float
+    interpret: bool
+
+    def in_layout(self, x: Array, layout) -> Array:
+        """`x` in the register layout of a wgmma result (the interpreter has no layouts)."""
+        return x if self.interpret else plgpu.layout_cast(x, layout)
+
+    @property
+    def copy_rows(self) -> int:
+        """Rows of one TMA copy of a key tile: a whole page, or an L-row slice of one."""
+        return min(self.page_size, self.tuning.block_kv)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Block:
+    """What both kinds of warpgroup know about the program's query block."""
+
+    row: Array
+    first: Array  # the block's first token
+    end: Array  # the row's end token
+    context: Array  # keys before the row's first query token
+    num_steps: Array  # key tiles the program walks
+
+    @classmethod
+    def create(cls, refs, block: Array, shape: _Shape) -> "_Block":
+        row, first = refs["schedule"][block, 0], refs["schedule"][block, 1]
+        row = jnp.maximum(row, 0)
+        start, end = refs["query_start_loc"][row], refs["query_start_loc"][row + 1]
+        context = refs["seq_lens"][row] - (end - start)
+        last = jnp.minimum(first + _COMPUTE_WARPGROUPS * shape.tuning.block_q, end)
+        keys = context + (last - start)
+        return cls(row, first, end, context, pl.cdiv(keys, jnp.int32(shape.tuning.block_kv)))
+
+
+def _memory_warpgroup(refs, smem, barriers, blk: _Block, shape: _Shape):
+    """Issues each key tile's K and V copies into the ring, waiting for a slot to be free."""
+    plgpu.set_max_registers(40, action="decrease")
+    kv_head = lax.div(lax.axis_index("heads"), jnp.int32(shape.group))
+    stages = shape.tuning.stages
+    copies = shape.tuning.block_kv // shape.copy_rows
+
+    @pl.loop(0, blk.num_steps)
+    def _(step):
+        slot = lax.rem(step, jnp.int32(stages))
+        first_key = step * shape.tuning.block_kv
+        sources = []
+        for i in range(copies):
+            key = first_key + i * shape.copy_rows
+            column = jnp.minimum(lax.div(key, jnp.int32(shape.page_size)), shape.width - 1)
+            page = refs["block_tables"][blk.row, column]
+            offset = lax.rem(key, jnp.int32(shape.page_size))
+            sources.append((page, offset))
+        for kv, name in ((0, "k"), (1, "v")):
+
+            @pl.when(step >= stages)
+            def _():
+                plgpu.barrier_wait(barriers[f"{name}_consumed"].at[slot])
+
+            for i, (page, offset) in enumerate(sources):
+                src = refs["kv_cache"].at[kv, kv_head, page, pl.ds(offset, shape.copy_rows)]
+                dst = smem[name].at[slot, pl.ds(i * shape.copy_rows, shape.copy_rows)]
+                plgpu.copy_gmem_to_smem(src, dst, barriers[name].at[slot])
+
+    # Wait for the last tiles' release too, so that every phase of the ring is observed.
+    @pl.loop(jnp.maximum(blk.num_steps - stages, 0), blk.num_steps)
+    def _(step):
+        slot = lax.rem(step, jnp.int32(stages))
+        plgpu.barrier_wait(barriers["k_consumed"].at[slot])
+        plgpu.barrier_wait(barriers["v_consumed"].at[slot])
+
+
+def _compute_warpgroup(refs, smem, barriers, blk: _Block, shape: _Shape):
+    """Attends this warpgroup's Q query tokens to their keys and stores the real rows."""
+    plgpu.set_max_registers(232, action="increase")
+    wg = lax.axis_index("wg")
+    head = lax.axis_index("heads")
+    block_q, block_kv, stages = shape.tuning.block_q, shape.tuning.block_kv, shape.tuning.stages
+    q_smem = smem["q"].at[wg]
+    first = blk.first + wg * block_q
+    num_rows = jnp.clip(blk.end - first, 0, block_q)
+    start = refs["query_start_loc"][blk.row]
+    first_pos = blk.context + (first - start)
+    # The tile of Q rows never reads past the last token (TMA's out-of-bounds fill is not
+    # relied on): at the step's end it starts `skip` rows earlier, on tokens it does not store.
+    loaded = jnp.minimum(first, refs["q"].shape[0] - block_q)
+    skip = first - loaded
+    num_steps = jnp.where(num_rows > 0, pl.cdiv(first_pos + num_rows, jnp.int32(block_kv)), 0)
+    num_full = jnp.minimum(lax.div(first_pos + 1, jnp.int32(block_kv)), num_steps)
+    scale = shape.sm_scale * _LOG2E
+
+    plgpu.copy_gmem_to_smem(refs["q"].at[pl.ds(loaded, block_q), head], q_smem, barriers["q"].at[wg])
+    plgpu.barrier_wait(barriers["q"].at[wg])
+
+    def schedule_barrier():
+        plgpu.barrier_arrive(barriers["schedule"])
+        plgpu.barrier_wait(barriers["schedule"])
+
+    m = shape.in_layout(jnp.full((block_q,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+    l = shape.in_layout(jnp.full((block_q,), 0, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+    acc = shape.in_layout(jnp.full((block_q, shape.head_dim), 0, jnp.float32), plgpu.Layout.WGMMA)
+
+    @pl.when(num_steps > 0)
+    def _():
+        plgpu.barrier_wait(barriers["k"].at[0])
+
+    pl.when(wg == 1)(schedule_barrier)
+
+    def step_body(step, carry, masked: bool):
+        acc, m, l = carry
+        slot = lax.rem(step, jnp.int32(stages))
+
+        s = _scores(q_smem, smem["k"].at[slot], shape, then=schedule_barrier)
+        plgpu.barrier_arrive(barriers["k_consumed"].at[slot])
+        s = s * scale
+        if masked:
+            rows = shape.in_layout(lax.broadcasted_iota(jnp.int32, (block_q, block_kv), 0), plgpu.Layout.WGMMA)
+            keys = shape.in_layout(lax.broadcasted_iota(jnp.int32, (block_q, block_kv), 1), plgpu.Layout.WGMMA)
+            s = jnp.where(first_pos - skip + rows >= keys + step * block_kv, s, -jnp.inf)
+        m_new = jnp.maximum(m, s.max(axis=1))
+        alpha = jnp.exp2(m - m_new)
+        p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
+        acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+        l = l * alpha + p.sum(axis=1)
+        p = p.astype(refs["q"].dtype)
+        acc, l, m_new, p = lax.optimization_barrier((acc, l, m_new, p))
+        plgpu.barrier_arrive(barriers["schedule"])
+        plgpu.barrier_wait(barriers["v"].at[slot])
+        plgpu.barrier_wait(barriers["schedule"])
+
+        def wait_next_keys():
+            next_step = step + 1
+
+            @pl.when(next_step < num_steps)
+            def _():
+                plgpu.barrier_wait(barriers["k"].at[lax.rem(next_step, jnp.int32(stages))])
+
+        acc = _accumulate(acc, p, smem["v"].at[slot], shape, then=wait_next_keys)
+        plgpu.barrier_arrive(barriers["v_consumed"].at[slot])
+        return acc, m_new, l
+
+    def flush_step(step, carry):
+        """A tile only the other warpgroup attends to: release it and keep the turns (its
+        arrival is waited for too, so that every phase of the ring is observed)."""
+        slot = lax.rem(step, jnp.int32(stages))
+        plgpu.barrier_wait(barriers["k"].at[slot])
+        plgpu.barrier_wait(barriers["v"].at[slot])
+        plgpu.barrier_arrive(barriers["k_consumed"].at[slot])
+        plgpu.barrier_arrive(barriers["v_consumed"].at[slot])
+        schedule_barrier()
+        schedule_barrier()
+        return carry
+
+    carry = (acc, m, l)
+    carry = lax.fori_loop(0, num_full, functools.partial(step_body, masked=False), carry)
+    acc, m, l = lax.fori_loop(num_full, num_steps, functools.partial(step_body, masked=True), carry)
+    lax.fori_loop(num_steps, blk.num_steps, flush_step, None)
+    pl.when(wg == 0)(schedule_barrier)
+
+    out = acc / lax.broadcast_in_dim(jnp.maximum(l, 1e-30), acc.shape, [0])
+    o_smem = smem["o"].at[wg]
+    o_smem[...] = out.astype(o_smem.dtype)
+    plgpu.commit_smem()
+    _store_rows(o_smem, refs["out"], (first, skip, num_rows), head, block_q)
+
+
+def _scores(q_smem, k_smem, shape: _Shape, then) -> Array:
+    """q k^T in float32 by wgmma, running `then` while the tensor cores work. The interpreter
+    (CI) takes no transposed or register operand in its wgmma, so there the two matmuls are
+    plain dots of the same shared-memory tiles."""
+    if shape.interpret:
+        s = jnp.dot(q_smem[...], k_smem[...].T, preferred_element_type=jnp.float32)
+        then()
+        return s
+
+    def scope(acc_ref):
+        plgpu.wgmma(acc_ref, q_smem, plgpu.transpose_ref(k_smem, (1, 0)))
+        then()
+        return acc_ref[...]
+
+    return pl.run_scoped(scope, plgpu.ACC((shape.tuning.block_q, shape.tuning.block_kv), jnp.float32))
+
+
+def _accumulate(acc: Array, p: Array, v_smem, shape: _Shape, then) -> Array:
+    """acc + p v, accumulated in place by wgmma, running `then` while the tensor cores work."""
+    if shape.interpret:
+        acc = acc + jnp.dot(p, v_smem[...], preferred_element_type=jnp.float32)
+        then()
+        return acc
+
+    def scope(acc_ref):
+        plgpu.wgmma(acc_ref, p, v_smem)
+        then()
+
+    return pl.run_state(scope)(plgpu.ACC.init(acc))
+
+
+def _store_rows(o_smem, out_ref, rows: tuple, head: Array, block_q: int):
+    """Stores rows [skip, skip + num_rows) of `o_smem` at tokens [first, first + num_rows) in a
+    ladder of power-of-two TMA copies (TMA boxes are static), so no other row is written."""
+    first, skip, num_rows = rows
+    offset = jnp.int32(0)
+    size = block_q
+    while size >= 1:
+
+        @pl.when(num_rows & size != 0)
+        def _():
+            src = o_smem.at[pl.ds(skip + offset, size)]
+            plgpu.copy_smem_to_gmem(src, out_ref.at[pl.ds(first + offset, size), head])
+
+        offset = offset + (num_rows & size)
+        size //= 2
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+
+def _kernel(schedule, query_start_loc, seq_lens, block_tables, q, kv_cache, out, *scratch, shape: _Shape):
+    refs = dict(
+        schedule=schedule,
+        query_start_loc=query_start_loc,
+        seq_lens=seq_lens,
+        block_tables=block_tables,
+        q=q,
+        kv_cache=kv_cache,
+        out=out,
+    )
+    (q_smem, k_smem, v_smem, o_smem), (q_bar, k_bar, v_bar), (k_used, v_used), schedule_bar = scratch
+    smem = dict(q=q_smem, k=k_smem, v=v_smem, o=o_smem)
+    barriers = dict(q=q_bar, k=k_bar, v=v_bar, k_consumed=k_used, v_consumed=v_used, schedule=schedule_bar)
+    block = lax.axis_index("blocks")
+
+    @pl.when(schedule[block, 0] >= 0)
+    def _():
+        blk = _Block.create(refs, block, shape)
+        wg = lax.axis_index("wg")
+        pl.when(wg < _COMPUTE_WARPGROUPS)(lambda: _compute_warpgroup(refs, smem, barriers, blk, shape))
+        pl.when(wg == _COMPUTE_WARPGROUPS)(lambda: _memory_warpgroup(refs, smem, barriers, blk, shape))
+
+
+def _interpret_params():
+    """Mosaic GPU's CPU interpreter (public as `plgpu.InterpretGPUParams` from JAX 0.11)."""
+    if hasattr(plgpu, "InterpretGPUParams"):
+        return plgpu.InterpretGPUParams()
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+
+    return InterpretGPUParams()
+
+
+def _scratch(shape: _Shape, dtype) -> tuple:
+    t = shape.tuning
+    swizzled = dict(transforms=(plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128)))
+    smem = (
+        plgpu.SMEM((_COMPUTE_WARPGROUPS, t.block_q, shape.head_dim), dtype, **swizzled),
+        plgpu.SMEM((t.stages, t.block_kv, shape.head_dim), dtype, **swizzled),
+        plgpu.SMEM((t.stages, t.block_kv, shape.head_dim), dtype, **swizzled),
+        plgpu.SMEM((_COMPUTE_WARPGROUPS, t.block_q, shape.head_dim), dtype),
+    )
+    copies = t.block_kv // shape.copy_rows
+    ready = (
+        plgpu.Barrier(num_barriers=_COMPUTE_WARPGROUPS),
+        plgpu.Barrier(num_arrivals=copies, num_barriers=t.stages),
+        plgpu.Barrier(num_arrivals=copies, num_barriers=t.stages),
+    )
+    consumed = (plgpu.Barrier(num_arrivals=_COMPUTE_WARPGROUPS, num_barriers=t.stages),) * 2
+    return smem, ready, consumed, plgpu.Barrier(num_arrivals=_COMPUTE_WARPGROUPS)
+
+
+@functools.partial(jax.jit, static_argnames=("sm_scale", "tuning", "interpret"))
+def paged_prefill_attention(
+    q: Float[Array, "T N H"],
+    kv_cache: Float[Array, "2 K P S H"],
+    query_start_loc: Int[Array, " R1"],
+    seq_lens: Int[Array, " R"],
+    block_tables: Int[Array, "R W"],
+    num_seqs: Int[Array, "1"],
+    *,
+    sm_scale: float,
+    tuning: MosaicPrefillTuning = MosaicPrefillTuning(),
+    interpret: bool = False,
+) -> Float[Array, "T N H"]:
+    """Causal attention of the query tokens of every row with more than one query token; the
+    other tokens' rows of the result are not written (the caller writes them)."""
+    num_tokens, num_heads, head_dim = q.shape
+    _, num_kv_heads, _, page_size, _ = kv_cache.shape
+    if not supports(q.dtype, kv_cache.dtype, head_dim, page_size, tuning):
+        raise ValueError(
+            f"The Mosaic GPU prefill kernel takes bf16/f16 q and cache of one dtype, head_dim 64 or 128 and "
+            f"pages that tile {tuning.block_kv} keys; got {q.dtype}/{kv_cache.dtype}, {head_dim}, {page_size}."
+        )
+    shape = _Shape(num_heads // num_kv_heads, head_dim, page_size, block_tables.shape[1], tuning, sm_scale, interpret)
+    block_tokens = _COMPUTE_WARPGROUPS * tuning.block_q
+    num_blocks = num_query_blocks(num_tokens, seq_lens.shape[0], block_tokens)
+    schedule = query_block_schedule(query_start_loc, num_seqs, num_blocks, block_tokens)
+    kernel = plgpu.kernel(
+        functools.partial(_kernel, shape=shape),
+        out_type=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        scratch_types=_scratch(shape, q.dtype),
+        grid=(num_heads, num_blocks),
+        grid_names=("heads", "blocks"),
+        num_threads=_COMPUTE_WARPGROUPS + 1,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+        interpret=_interpret_params() if interpret else False,
+    )
+    return kernel(schedule, query_start_loc, seq_lens, block_tables, q, kv_cache)
