@@ -99,7 +99,9 @@ def test_the_mosaic_kernel_takes_plain_16_bit_steps_of_a_query_block_or_more():
     assert not uses_mosaic_prefill(q[:64], cache, plain, None, tuning)
     assert not uses_mosaic_prefill(q, cache.astype(jnp.float8_e4m3fn), plain, None, tuning)
     assert not uses_mosaic_prefill(q.astype(jnp.float32), cache.astype(jnp.float32), plain, None, tuning)
-    assert not uses_mosaic_prefill(jnp.zeros((256, 8, 256), jnp.bfloat16), jnp.zeros((2, 2, 4, 16, 256)), plain, None, tuning)
+    assert not uses_mosaic_prefill(
+        jnp.zeros((256, 8, 256), jnp.bfloat16), jnp.zeros((2, 2, 4, 16, 256)), plain, None, tuning
+    )
     assert not uses_mosaic_prefill(q, cache, Scoring(0.1, sliding_window=64), None, tuning)
     assert not uses_mosaic_prefill(q, cache, Scoring(0.1, soft_cap=30.0), None, tuning)
     assert not uses_mosaic_prefill(q, cache, plain, jnp.zeros((8,)), tuning)

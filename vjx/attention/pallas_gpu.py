@@ -29,7 +29,6 @@ from vjx.kernels.paged_prefill_mgpu import MosaicPrefillTuning
 from vjx.kernels.ragged_paged_attention import Scoring, ragged_paged_attention
 from vjx.kernels.tuning import AttentionTuning
 
-
 _PREFILL_KERNELS = ("auto", "mosaic", "triton")
 
 

@@ -154,7 +154,7 @@ def _memory_warpgroup(refs, smem, barriers, blk: _Block, shape: _Shape):
         for kv, name in ((0, "k"), (1, "v")):
 
             @pl.when(step >= stages)
-            def _():
+            def _(name=name):
                 plgpu.barrier_wait(barriers[f"{name}_consumed"].at[slot])
 
             for i, (page, offset) in enumerate(sources):
@@ -304,7 +304,7 @@ def _store_rows(o_smem, out_ref, rows: tuple, head: Array, block_q: int):
     while size >= 1:
 
         @pl.when(num_rows & size != 0)
-        def _():
+        def _(offset=offset, size=size):
             src = o_smem.at[pl.ds(skip + offset, size)]
             plgpu.copy_smem_to_gmem(src, out_ref.at[pl.ds(first + offset, size), head])
 

@@ -50,8 +50,6 @@ from jax.experimental.pallas import triton as plgpu
 from jaxtyping import Array, Float, Int
 
 from vjx.kernels.kv_quant import compute_dtype
-from vjx.kernels.paged_prefill_mgpu import MosaicPrefillTuning, paged_prefill_attention
-from vjx.kernels.paged_prefill_mgpu import supports as mosaic_supports
 from vjx.kernels.kv_walk import (
     MASK_VALUE,
     Geometry,
@@ -67,6 +65,8 @@ from vjx.kernels.kv_walk import (
     rem,
     walk_tiles,
 )
+from vjx.kernels.paged_prefill_mgpu import MosaicPrefillTuning, paged_prefill_attention
+from vjx.kernels.paged_prefill_mgpu import supports as mosaic_supports
 from vjx.kernels.tuning import AttentionTuning, KernelTuning, default_tuning
 
 # Elements of one merge tile [splits, heads, H] (a few registers a thread).
@@ -488,9 +488,7 @@ def _decode(step: _Step, g: Geometry, splits: Splits, tuning: KernelTuning, out:
         jax.ShapeDtypeStruct(shape, jnp.float32),
         jax.ShapeDtypeStruct(step.q.shape, step.q.dtype),
     )
-    kernel = functools.partial(
-        _decode_kernel, geometry=g, scoring=step.scoring, splits=splits, out_in=out is not None
-    )
+    kernel = functools.partial(_decode_kernel, geometry=g, scoring=step.scoring, splits=splits, out_in=out is not None)
     if out is None:
         return step.launch(kernel, (num_programs, g.num_kv_heads), out_shape, tuning)(*step.inputs)
     inputs = (*step.inputs, out)
