@@ -45,7 +45,10 @@ def run_metadata(benchmark: str, engine: str, platform_name: str, device: str, m
 
 
 def git_sha() -> str:
-    """The checkout's commit (with `+dirty` when tracked files differ), `VJX_GIT_SHA`, or "unknown"."""
+    """`VJX_GIT_SHA` (set it where the tree was copied without its history), the checkout's
+    commit (with `+dirty` when tracked files differ), or "unknown"."""
+    if os.environ.get("VJX_GIT_SHA"):
+        return os.environ["VJX_GIT_SHA"]
     root = pathlib.Path(__file__).resolve().parents[1]
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
@@ -55,7 +58,7 @@ def git_sha() -> str:
     except (OSError, subprocess.TimeoutExpired):
         sha = None
     if sha is None or sha.returncode != 0:
-        return os.environ.get("VJX_GIT_SHA", "unknown")
+        return "unknown"
     return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 

@@ -75,17 +75,21 @@ def _yardsticks(case: Case) -> dict:
     if context or any(row != case.rows[0] for row in case.rows):
         return {}
     key = jax.random.key(1)
-    q = jax.random.normal(key, (rows, length, case.num_heads, case.head_dim), DTYPE)
-    k = jax.random.normal(jax.random.fold_in(key, 1), (rows, length, case.num_kv_heads, case.head_dim), DTYPE)
-    v = jax.random.normal(jax.random.fold_in(key, 2), k.shape, DTYPE)
     found = {}
-    try:
+    try:  # its shared-memory tiles are float16
         from jax.experimental.pallas.ops.gpu import attention_mgpu
 
         config = attention_mgpu.TuningConfig(block_q=64, block_kv=128, max_concurrent_steps=2, causal=True)
-        found["jax_fa3_mgpu"] = _rate(case, lambda: attention_mgpu.attention(q, k, v, config))
+        q16, k16, v16 = (
+            jax.random.normal(jax.random.fold_in(key, i), (rows, length, heads, case.head_dim), jnp.float16)
+            for i, heads in enumerate((case.num_heads, case.num_kv_heads, case.num_kv_heads))
+        )
+        found["jax_fa3_mgpu"] = _rate(case, lambda: attention_mgpu.attention(q16, k16, v16, config))
     except Exception as error:
         found["jax_fa3_mgpu"] = {"error": repr(error)[:600]}
+    q = jax.random.normal(key, (rows, length, case.num_heads, case.head_dim), DTYPE)
+    k = jax.random.normal(jax.random.fold_in(key, 1), (rows, length, case.num_kv_heads, case.head_dim), DTYPE)
+    v = jax.random.normal(jax.random.fold_in(key, 2), k.shape, DTYPE)
     cudnn = jax.jit(functools.partial(jax.nn.dot_product_attention, is_causal=True, implementation="cudnn"))
     found["cudnn"] = _rate(case, lambda: cudnn(q, k, v))
     return found

@@ -274,7 +274,7 @@ def _scores(q_smem, k_smem, shape: _Shape, then) -> Array:
         return s
 
     def scope(acc_ref):
-        plgpu.wgmma(acc_ref, q_smem, plgpu.transpose_ref(k_smem, (1, 0)))
+        plgpu.wgmma(acc_ref, q_smem, k_smem.transpose((1, 0)))
         then()
         return acc_ref[...]
 
@@ -398,7 +398,7 @@ def paged_prefill_attention(
         grid_names=("heads", "blocks"),
         num_threads=_COMPUTE_WARPGROUPS + 1,
         thread_name="wg",
-        compiler_params=plgpu.CompilerParams(approx_math=True),
+        compiler_params=plgpu.CompilerParams(approx_math=True, lowering_semantics=plgpu.LoweringSemantics.Lane),
         interpret=_interpret_params() if interpret else False,
     )
     return kernel(schedule, query_start_loc, seq_lens, block_tables, q, kv_cache)
