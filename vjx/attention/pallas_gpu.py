@@ -8,11 +8,11 @@ interpret mode, which is how CI tests them. An fp8 cache is quantized by the wri
 back inside the attention kernel (vjx/kernels/kv_quant.py).
 
 Which kernel runs the rows with several query tokens (`prefill_kernel`):
-- "mosaic": the Mosaic GPU kernel (vjx/kernels/paged_prefill_mgpu.py: TMA, wgmma, warp
-  specialisation) for steps of 16-bit q and cache, head dim 64 or 128, no sliding window, soft
-  cap or sinks, and at least 128 tokens; any other step keeps the Triton launch;
-- "triton": always the Triton-lowered launch of vjx/kernels/ragged_paged_attention.py;
-- "auto" (default): "mosaic" on a Hopper GPU (it needs sm_90a), else "triton".
+- "triton" (default): the Triton-lowered launch of vjx/kernels/ragged_paged_attention.py;
+- "mosaic" (Hopper GPUs, opt-in while it is validated): the Mosaic GPU kernel
+  (vjx/kernels/paged_prefill_mgpu.py: TMA, wgmma, warp specialisation) for steps of 16-bit q
+  and cache, head dim 64 or 128, no sliding window, soft cap or sinks, and at least 128
+  tokens; any other step keeps the Triton launch. Off a Hopper GPU it falls back to "triton".
 Decode rows always run in the Triton decode launch.
 """
 
@@ -29,7 +29,7 @@ from vjx.kernels.paged_prefill_mgpu import MosaicPrefillTuning
 from vjx.kernels.ragged_paged_attention import Scoring, ragged_paged_attention
 from vjx.kernels.tuning import AttentionTuning
 
-_PREFILL_KERNELS = ("auto", "mosaic", "triton")
+_PREFILL_KERNELS = ("triton", "mosaic")
 
 
 def _is_hopper() -> bool:
@@ -48,8 +48,8 @@ class PallasGpuBackend:
     """Kernel knobs; None takes the per-head-dim defaults of vjx/kernels/tuning.py."""
     interpret: bool | None = None
     """Run the kernels in Pallas interpret mode; None means "unless the default device is a GPU"."""
-    prefill_kernel: str = "auto"
-    """"auto", "mosaic" or "triton": see the module docstring."""
+    prefill_kernel: str = "triton"
+    """"triton" or "mosaic": see the module docstring."""
     mosaic_tuning: MosaicPrefillTuning = MosaicPrefillTuning()
 
     def __post_init__(self):
@@ -58,9 +58,9 @@ class PallasGpuBackend:
 
     def mosaic_prefill(self) -> MosaicPrefillTuning | None:
         """The Mosaic GPU prefill kernel's tuning where it is chosen, else None."""
-        if self.prefill_kernel == "triton" or (self.prefill_kernel == "auto" and not _is_hopper()):
-            return None
-        return self.mosaic_tuning
+        if self.prefill_kernel == "mosaic" and (_is_hopper() or self.interpret):
+            return self.mosaic_tuning
+        return None
 
     def kv_cache_shape(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
         return (2, num_kv_heads, num_blocks, block_size, head_dim)

@@ -140,27 +140,30 @@ def _memory_warpgroup(refs, smem, barriers, blk: _Block, shape: _Shape):
     stages = shape.tuning.stages
     copies = shape.tuning.block_kv // shape.copy_rows
 
-    @pl.loop(0, blk.num_steps)
-    def _(step):
+    def pages(step: Array) -> tuple:
+        """The block-table entries of tile `step`'s copies (clamped to the table's width)."""
+        keys = (step * shape.tuning.block_kv + i * shape.copy_rows for i in range(copies))
+        columns = (jnp.minimum(lax.div(key, jnp.int32(shape.page_size)), shape.width - 1) for key in keys)
+        return tuple(refs["block_tables"][blk.row, column] for column in columns)
+
+    def step_body(step, tile_pages):
+        # The next tile's page ids are loaded before this tile's wait, which hides their latency.
+        next_pages = pages(step + 1)
         slot = lax.rem(step, jnp.int32(stages))
-        first_key = step * shape.tuning.block_kv
-        sources = []
-        for i in range(copies):
-            key = first_key + i * shape.copy_rows
-            column = jnp.minimum(lax.div(key, jnp.int32(shape.page_size)), shape.width - 1)
-            page = refs["block_tables"][blk.row, column]
-            offset = lax.rem(key, jnp.int32(shape.page_size))
-            sources.append((page, offset))
+        offset = lax.rem(step * shape.tuning.block_kv, jnp.int32(shape.page_size))  # 0 unless S > L
         for kv, name in ((0, "k"), (1, "v")):
 
             @pl.when(step >= stages)
             def _(name=name):
                 plgpu.barrier_wait(barriers[f"{name}_consumed"].at[slot])
 
-            for i, (page, offset) in enumerate(sources):
+            for i, page in enumerate(tile_pages):
                 src = refs["kv_cache"].at[kv, kv_head, page, pl.ds(offset, shape.copy_rows)]
                 dst = smem[name].at[slot, pl.ds(i * shape.copy_rows, shape.copy_rows)]
                 plgpu.copy_gmem_to_smem(src, dst, barriers[name].at[slot])
+        return next_pages
+
+    lax.fori_loop(0, blk.num_steps, step_body, pages(jnp.int32(0)))
 
     # Wait for the last tiles' release too, so that every phase of the ring is observed.
     @pl.loop(jnp.maximum(blk.num_steps - stages, 0), blk.num_steps)
