@@ -33,8 +33,8 @@ DTYPE = jnp.bfloat16
 CASES = (
     Case("prefill 4k", ((0, 4096),)),
     Case("prefill 8k", ((0, 8192),)),
-    Case("prefill 4k, page 64", ((0, 4096),), page_size=64),
-    Case("prefill 4k, d64 mha", ((0, 4096),), num_heads=32, num_kv_heads=32, head_dim=64),
+    Case("prefill 4k page 64", ((0, 4096),), page_size=64),
+    Case("prefill 4k d64 mha", ((0, 4096),), num_heads=32, num_kv_heads=32, head_dim=64),
     Case("prefill 4 x 2k", ((0, 2048),) * 4),
     Case("chunks 4 x 1k on 3k", ((3072, 1024),) * 4),
     Case("mixed 64 x 2k decode + 4 x 512 chunks on 1.5k", ((2047, 1),) * 64 + ((1536, 512),) * 4),

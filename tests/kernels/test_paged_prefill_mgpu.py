@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.attention_batches import BatchShape, dense_attention, make_batch, relative_error
+from vjx.attention.backend import get_attention_backend
 from vjx.attention.pallas_gpu import PallasGpuBackend
 from vjx.kernels.paged_prefill_mgpu import MosaicPrefillTuning, num_query_blocks, query_block_schedule
 from vjx.kernels.ragged_paged_attention import Scoring, ragged_paged_attention, uses_mosaic_prefill
@@ -112,6 +113,7 @@ def test_backend_picks_the_prefill_kernel():
     assert PallasGpuBackend(prefill_kernel="mosaic", interpret=True).mosaic_prefill() == MosaicPrefillTuning()
     if jax.default_backend() != "gpu":
         assert PallasGpuBackend(prefill_kernel="mosaic").mosaic_prefill() is None  # no Hopper GPU
+    assert get_attention_backend("pallas_gpu_mosaic").prefill_kernel == "mosaic"
     with pytest.raises(ValueError, match="prefill_kernel"):
         PallasGpuBackend(prefill_kernel="cudnn")
     with pytest.raises(ValueError, match="block_kv"):

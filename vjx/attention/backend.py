@@ -58,11 +58,11 @@ _PLATFORM_DEFAULTS = {"gpu": "pallas_gpu", "tpu": "pallas_tpu", "cpu": "referenc
 
 
 def _backends() -> dict[str, type]:
-    from vjx.attention.pallas_gpu import PallasGpuBackend
+    from vjx.attention.pallas_gpu import PallasGpuBackend, PallasGpuMosaicBackend
     from vjx.attention.pallas_tpu import PallasTpuBackend
     from vjx.attention.reference import ReferenceBackend
 
-    return {b.name: b for b in (ReferenceBackend, PallasGpuBackend, PallasTpuBackend)}
+    return {b.name: b for b in (ReferenceBackend, PallasGpuBackend, PallasGpuMosaicBackend, PallasTpuBackend)}
 
 
 def default_backend_name() -> str:

@@ -101,3 +101,11 @@ class PallasGpuBackend:
             interpret=interpret,
         )
         return out, kv_cache
+
+
+@dataclasses.dataclass(frozen=True)
+class PallasGpuMosaicBackend(PallasGpuBackend):
+    """`pallas_gpu` with the Mosaic GPU prefill kernel (`attention_backend="pallas_gpu_mosaic"`)."""
+
+    name: ClassVar[str] = "pallas_gpu_mosaic"
+    prefill_kernel: str = "mosaic"
