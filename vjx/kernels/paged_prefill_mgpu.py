@@ -173,59 +173,42 @@ def _memory_warpgroup(refs, smem, barriers, blk: _Block, shape: _Shape):
         plgpu.barrier_wait(barriers["v_consumed"].at[slot])
 
 
-def _compute_warpgroup(refs, smem, barriers, blk: _Block, shape: _Shape):
-    """Attends this warpgroup's Q query tokens to their keys and stores the real rows."""
-    plgpu.set_max_registers(232, action="increase")
-    wg = lax.axis_index("wg")
-    head = lax.axis_index("heads")
-    block_q, block_kv, stages = shape.tuning.block_q, shape.tuning.block_kv, shape.tuning.stages
-    q_smem = smem["q"].at[wg]
-    first = blk.first + wg * block_q
-    num_rows = jnp.clip(blk.end - first, 0, block_q)
-    start = refs["query_start_loc"][blk.row]
-    first_pos = blk.context + (first - start)
-    # The tile of Q rows never reads past the last token (TMA's out-of-bounds fill is not
-    # relied on): at the step's end it starts `skip` rows earlier, on tokens it does not store.
-    loaded = jnp.minimum(first, refs["q"].shape[0] - block_q)
-    skip = first - loaded
-    num_steps = jnp.where(num_rows > 0, pl.cdiv(first_pos + num_rows, jnp.int32(block_kv)), 0)
-    num_full = jnp.minimum(lax.div(first_pos + 1, jnp.int32(block_kv)), num_steps)
-    scale = shape.sm_scale * _LOG2E
+def schedule_barrier(barriers) -> None:
+    """One turn of the two compute warpgroups on the tensor cores."""
+    plgpu.barrier_arrive(barriers["schedule"])
+    plgpu.barrier_wait(barriers["schedule"])
 
-    plgpu.copy_gmem_to_smem(refs["q"].at[pl.ds(loaded, block_q), head], q_smem, barriers["q"].at[wg])
-    plgpu.barrier_wait(barriers["q"].at[wg])
 
-    def schedule_barrier():
-        plgpu.barrier_arrive(barriers["schedule"])
-        plgpu.barrier_wait(barriers["schedule"])
+@dataclasses.dataclass(frozen=True)
+class _Walk:
+    """One compute warpgroup's walk over the key tiles."""
 
-    m = shape.in_layout(jnp.full((block_q,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
-    l = shape.in_layout(jnp.full((block_q,), 0, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
-    acc = shape.in_layout(jnp.full((block_q, shape.head_dim), 0, jnp.float32), plgpu.Layout.WGMMA)
+    q_smem: object
+    smem: dict
+    barriers: dict
+    shape: _Shape
+    num_steps: Array  # tiles this warpgroup attends to
+    tile_pos: Array  # the position of the Q tile's row 0
 
-    @pl.when(num_steps > 0)
-    def _():
-        plgpu.barrier_wait(barriers["k"].at[0])
-
-    pl.when(wg == 1)(schedule_barrier)
-
-    def step_body(step, carry, masked: bool):
+    def step(self, step: Array, carry: tuple, masked: bool) -> tuple:
+        """S = q k^T, the online softmax, acc += p v; releases the tile's slot."""
         acc, m, l = carry
+        shape, barriers = self.shape, self.barriers
+        block_q, block_kv, stages = shape.tuning.block_q, shape.tuning.block_kv, shape.tuning.stages
         slot = lax.rem(step, jnp.int32(stages))
-
-        s = _scores(q_smem, smem["k"].at[slot], shape, then=schedule_barrier)
+        s = _scores(self.q_smem, self.smem["k"].at[slot], shape, then=lambda: schedule_barrier(barriers))
         plgpu.barrier_arrive(barriers["k_consumed"].at[slot])
-        s = s * scale
+        s = s * (shape.sm_scale * _LOG2E)
         if masked:
             rows = shape.in_layout(lax.broadcasted_iota(jnp.int32, (block_q, block_kv), 0), plgpu.Layout.WGMMA)
             keys = shape.in_layout(lax.broadcasted_iota(jnp.int32, (block_q, block_kv), 1), plgpu.Layout.WGMMA)
-            s = jnp.where(first_pos - skip + rows >= keys + step * block_kv, s, -jnp.inf)
+            s = jnp.where(self.tile_pos + rows >= keys + step * block_kv, s, -jnp.inf)
         m_new = jnp.maximum(m, s.max(axis=1))
         alpha = jnp.exp2(m - m_new)
         p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
         acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
         l = l * alpha + p.sum(axis=1)
-        p = p.astype(refs["q"].dtype)
+        p = p.astype(self.q_smem.dtype)
         acc, l, m_new, p = lax.optimization_barrier((acc, l, m_new, p))
         plgpu.barrier_arrive(barriers["schedule"])
         plgpu.barrier_wait(barriers["v"].at[slot])
@@ -234,31 +217,59 @@ def _compute_warpgroup(refs, smem, barriers, blk: _Block, shape: _Shape):
         def wait_next_keys():
             next_step = step + 1
 
-            @pl.when(next_step < num_steps)
+            @pl.when(next_step < self.num_steps)
             def _():
                 plgpu.barrier_wait(barriers["k"].at[lax.rem(next_step, jnp.int32(stages))])
 
-        acc = _accumulate(acc, p, smem["v"].at[slot], shape, then=wait_next_keys)
+        acc = _accumulate(acc, p, self.smem["v"].at[slot], shape, then=wait_next_keys)
         plgpu.barrier_arrive(barriers["v_consumed"].at[slot])
         return acc, m_new, l
 
-    def flush_step(step, carry):
+    def flush(self, step: Array, carry):
         """A tile only the other warpgroup attends to: release it and keep the turns (its
         arrival is waited for too, so that every phase of the ring is observed)."""
-        slot = lax.rem(step, jnp.int32(stages))
-        plgpu.barrier_wait(barriers["k"].at[slot])
-        plgpu.barrier_wait(barriers["v"].at[slot])
-        plgpu.barrier_arrive(barriers["k_consumed"].at[slot])
-        plgpu.barrier_arrive(barriers["v_consumed"].at[slot])
-        schedule_barrier()
-        schedule_barrier()
+        slot = lax.rem(step, jnp.int32(self.shape.tuning.stages))
+        for name in ("k", "v"):
+            plgpu.barrier_wait(self.barriers[name].at[slot])
+        for name in ("k_consumed", "v_consumed"):
+            plgpu.barrier_arrive(self.barriers[name].at[slot])
+        schedule_barrier(self.barriers)
+        schedule_barrier(self.barriers)
         return carry
 
-    carry = (acc, m, l)
-    carry = lax.fori_loop(0, num_full, functools.partial(step_body, masked=False), carry)
-    acc, m, l = lax.fori_loop(num_full, num_steps, functools.partial(step_body, masked=True), carry)
-    lax.fori_loop(num_steps, blk.num_steps, flush_step, None)
-    pl.when(wg == 0)(schedule_barrier)
+
+def _compute_warpgroup(refs, smem, barriers, blk: _Block, shape: _Shape):
+    """Attends this warpgroup's Q query tokens to their keys and stores the real rows."""
+    plgpu.set_max_registers(232, action="increase")
+    wg, head = lax.axis_index("wg"), lax.axis_index("heads")
+    block_q, block_kv = shape.tuning.block_q, shape.tuning.block_kv
+    q_smem = smem["q"].at[wg]
+    first = blk.first + wg * block_q
+    num_rows = jnp.clip(blk.end - first, 0, block_q)
+    first_pos = blk.context + (first - refs["query_start_loc"][blk.row])
+    # The tile of Q rows never reads past the last token (TMA's out-of-bounds fill is not
+    # relied on): at the step's end it starts `skip` rows earlier, on tokens it does not store.
+    loaded = jnp.minimum(first, refs["q"].shape[0] - block_q)
+    skip = first - loaded
+    num_steps = jnp.where(num_rows > 0, pl.cdiv(first_pos + num_rows, jnp.int32(block_kv)), 0)
+    num_full = jnp.minimum(lax.div(first_pos + 1, jnp.int32(block_kv)), num_steps)
+    walk = _Walk(q_smem, smem, barriers, shape, num_steps, first_pos - skip)
+
+    plgpu.copy_gmem_to_smem(refs["q"].at[pl.ds(loaded, block_q), head], q_smem, barriers["q"].at[wg])
+    plgpu.barrier_wait(barriers["q"].at[wg])
+    m = shape.in_layout(jnp.full((block_q,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+    l = shape.in_layout(jnp.full((block_q,), 0, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+    acc = shape.in_layout(jnp.full((block_q, shape.head_dim), 0, jnp.float32), plgpu.Layout.WGMMA)
+
+    @pl.when(num_steps > 0)
+    def _():
+        plgpu.barrier_wait(barriers["k"].at[0])
+
+    pl.when(wg == 1)(lambda: schedule_barrier(barriers))
+    carry = lax.fori_loop(0, num_full, functools.partial(walk.step, masked=False), (acc, m, l))
+    acc, m, l = lax.fori_loop(num_full, num_steps, functools.partial(walk.step, masked=True), carry)
+    lax.fori_loop(num_steps, blk.num_steps, walk.flush, None)
+    pl.when(wg == 0)(lambda: schedule_barrier(barriers))
 
     out = acc / lax.broadcast_in_dim(jnp.maximum(l, 1e-30), acc.shape, [0])
     o_smem = smem["o"].at[wg]
