@@ -63,7 +63,6 @@ def test_interpreted_kernel_matches_dense_attention():
 
 
 def test_schedule_covers_every_prefill_token_once_last_blocks_first():
-    rng = np.random.default_rng(0)
     q_lens = np.asarray([1, 300, 2, 1, 129, 128, 17, 1], np.int32)
     num_seqs, block_tokens, num_tokens = 7, 128, 1024  # the last row is a padding row
     query_start_loc = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
@@ -77,8 +76,9 @@ def test_schedule_covers_every_prefill_token_once_last_blocks_first():
     for row, first in schedule:
         if row < 0:
             continue
-        end = query_start_loc[row + 1]
-        covered[first : min(first + block_tokens, end)] += 1
+        start, end = query_start_loc[row], query_start_loc[row + 1]
+        assert first % 8 == 0 and start - 8 < first < end  # TMA reads whole 8-row tiles
+        covered[max(first, start) : min(first + block_tokens, end)] += 1
         if row not in seen_rows:  # a row's first block in the schedule is its last
             assert end - first <= block_tokens
             seen_rows.append(row)
@@ -88,7 +88,6 @@ def test_schedule_covers_every_prefill_token_once_last_blocks_first():
             prefill[query_start_loc[row] : query_start_loc[row + 1]] = 1
     np.testing.assert_array_equal(covered, prefill)
     assert seen_rows == [1, 2, 4, 5, 6]
-    del rng
 
 
 def test_the_mosaic_kernel_takes_plain_16_bit_steps_of_a_query_block_or_more():
@@ -98,6 +97,7 @@ def test_the_mosaic_kernel_takes_plain_16_bit_steps_of_a_query_block_or_more():
     plain = Scoring(0.1)
     assert uses_mosaic_prefill(q, cache, plain, None, tuning)
     assert not uses_mosaic_prefill(q[:64], cache, plain, None, tuning)
+    assert not uses_mosaic_prefill(q[:252], cache, plain, None, tuning)  # not a multiple of 8
     assert not uses_mosaic_prefill(q, cache.astype(jnp.float8_e4m3fn), plain, None, tuning)
     assert not uses_mosaic_prefill(q.astype(jnp.float32), cache.astype(jnp.float32), plain, None, tuning)
     assert not uses_mosaic_prefill(

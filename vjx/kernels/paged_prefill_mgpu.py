@@ -16,8 +16,10 @@ and one query head, in three warpgroups:
   Tiles wholly before a warpgroup's first token are unmasked; the rest are masked causally,
   aligned to the end of the row. The two warpgroups take turns on the tensor cores (one's
   softmax overlaps the other's matmuls) through a shared schedule barrier.
-The output rows are stored by TMA in a ladder of power-of-two row counts, so a block's rows
-past its row's last token (the next row's tokens) are never written.
+A block's Q tile starts on a multiple of 8 tokens (TMA reads a tiled shared-memory tile's
+global rows in whole 8-row tiles), so a row's first block may begin up to 7 tokens before the
+row. Only the row's own tokens are stored, by TMA from an untiled tile in a ladder of
+power-of-two row counts, so no other row's token is ever written.
 
 Rows with one query token (decode) and padding tokens are not touched: the caller writes
 them (vjx/kernels/ragged_paged_attention.py runs its decode and merge launches on this
@@ -67,27 +69,35 @@ def supports(q_dtype, kv_dtype, head_dim: int, page_size: int, tuning: MosaicPre
     return is_16_bit and jnp.dtype(q_dtype) == jnp.dtype(kv_dtype) and head_dim in (64, 128) and pages_fit
 
 
+# Query tiles start on a multiple of 8 tokens: a TMA copy into a shared-memory tile of 8-row
+# tiling takes its global rows in whole tiles, so an unaligned start would read shifted rows.
+ROW_ALIGNMENT = 8
+
+
 def num_query_blocks(num_tokens: int, max_rows: int, block_tokens: int) -> int:
-    """Query blocks of a step at most: n rows with several tokens, T tokens in all, fill at
-    most (T - n) // block_tokens + n blocks, a bound that grows with n <= min(R, T // 2)."""
+    """Query blocks of a step at most: n rows with several tokens, T tokens in all, each row's
+    blocks starting up to 7 tokens before it, fill at most (T + 7n) // block_tokens + n blocks,
+    a bound that grows with n <= min(R, T // 2)."""
     rows = max(1, min(max_rows, num_tokens // 2))
-    return (num_tokens - rows) // block_tokens + rows
+    return (num_tokens + (ROW_ALIGNMENT - 1) * rows) // block_tokens + rows
 
 
 def query_block_schedule(
     query_start_loc: Int[Array, " R1"], num_seqs: Int[Array, "1"], num_blocks: int, block_tokens: int
 ) -> Int[Array, "B 2"]:
     """(row, first token) of each query block of the rows with several query tokens, each
-    row's last block (the most keys) first; (-1, 0) past the last block."""
+    row's last block (the most keys) first; (-1, 0) past the last block. A row's blocks start
+    at its first token rounded down to a multiple of 8 (ROW_ALIGNMENT)."""
     num_rows = query_start_loc.shape[0] - 1
-    q_lens = jnp.diff(query_start_loc)
-    is_prefill = (jnp.arange(num_rows) < num_seqs[0]) & (q_lens > 1)
-    blocks = jnp.where(is_prefill, (q_lens + block_tokens - 1) // block_tokens, 0)
+    aligned_starts = query_start_loc[:-1] - query_start_loc[:-1] % ROW_ALIGNMENT
+    spans = query_start_loc[1:] - aligned_starts
+    is_prefill = (jnp.arange(num_rows) < num_seqs[0]) & (jnp.diff(query_start_loc) > 1)
+    blocks = jnp.where(is_prefill, (spans + block_tokens - 1) // block_tokens, 0)
     ends = jnp.cumsum(blocks)
     block = jnp.arange(num_blocks, dtype=jnp.int32)
     row = jnp.minimum(jnp.searchsorted(ends, block, side="right"), num_rows - 1).astype(jnp.int32)
     tile = ends[row] - 1 - block
-    first = query_start_loc[row] + tile * block_tokens
+    first = aligned_starts[row] + tile * block_tokens
     is_block = block < ends[-1]
     return jnp.stack([jnp.where(is_block, row, -1), jnp.where(is_block, first, 0)], axis=1).astype(jnp.int32)
 
@@ -117,7 +127,8 @@ class _Block:
     """What both kinds of warpgroup know about the program's query block."""
 
     row: Array
-    first: Array  # the block's first token
+    first: Array  # the block's first token (a multiple of 8: it may precede the row's start)
+    start: Array  # the row's first token
     end: Array  # the row's end token
     context: Array  # keys before the row's first query token
     num_steps: Array  # key tiles the program walks
@@ -130,7 +141,7 @@ class _Block:
         context = refs["seq_lens"][row] - (end - start)
         last = jnp.minimum(first + _COMPUTE_WARPGROUPS * shape.tuning.block_q, end)
         keys = context + (last - start)
-        return cls(row, first, end, context, pl.cdiv(keys, jnp.int32(shape.tuning.block_kv)))
+        return cls(row, first, start, end, context, pl.cdiv(keys, jnp.int32(shape.tuning.block_kv)))
 
 
 def _memory_warpgroup(refs, smem, barriers, blk: _Block, shape: _Shape):
@@ -244,13 +255,16 @@ def _compute_warpgroup(refs, smem, barriers, blk: _Block, shape: _Shape):
     wg, head = lax.axis_index("wg"), lax.axis_index("heads")
     block_q, block_kv = shape.tuning.block_q, shape.tuning.block_kv
     q_smem = smem["q"].at[wg]
-    first = blk.first + wg * block_q
-    num_rows = jnp.clip(blk.end - first, 0, block_q)
-    first_pos = blk.context + (first - refs["query_start_loc"][blk.row])
-    # The tile of Q rows never reads past the last token (TMA's out-of-bounds fill is not
-    # relied on): at the step's end it starts `skip` rows earlier, on tokens it does not store.
-    loaded = jnp.minimum(first, refs["q"].shape[0] - block_q)
+    # This warpgroup's real rows are tokens [first, first + num_rows) of the row; its Q tile
+    # starts at `loaded`, `skip` rows earlier (a block starting before the row, and at the
+    # step's end a tile that never reads past the last token: TMA's out-of-bounds fill is not
+    # relied on). Only the real rows are stored.
+    tile_first = blk.first + wg * block_q
+    first = jnp.maximum(tile_first, blk.start)
+    num_rows = jnp.clip(jnp.minimum(tile_first + block_q, blk.end) - first, 0, block_q)
+    loaded = jnp.minimum(tile_first, refs["q"].shape[0] - block_q)
     skip = first - loaded
+    first_pos = blk.context + (first - blk.start)
     num_steps = jnp.where(num_rows > 0, pl.cdiv(first_pos + num_rows, jnp.int32(block_kv)), 0)
     num_full = jnp.minimum(lax.div(first_pos + 1, jnp.int32(block_kv)), num_steps)
     walk = _Walk(q_smem, smem, barriers, shape, num_steps, first_pos - skip)

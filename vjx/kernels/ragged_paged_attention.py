@@ -467,11 +467,12 @@ def uses_mosaic_prefill(
 ) -> bool:
     """Whether a step of these shapes runs its prefill rows in the Mosaic GPU kernel: 16-bit q
     and cache of one dtype, head dim 64 or 128, no sliding window, soft cap or sinks, and at
-    least one full query block of tokens (smaller steps stay in the Triton launch)."""
+    least one full query block of tokens, a multiple of 8 of them (smaller steps stay in the
+    Triton launch)."""
     num_tokens, _, head_dim = q.shape
     page_size = kv_cache.shape[3]
     plain = scoring.sliding_window is None and scoring.soft_cap is None and sinks is None
-    is_large = num_tokens >= 2 * tuning.block_q
+    is_large = num_tokens >= 2 * tuning.block_q and num_tokens % 8 == 0
     return plain and is_large and mosaic_supports(q.dtype, kv_cache.dtype, head_dim, page_size, tuning)
 
 
