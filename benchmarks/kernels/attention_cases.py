@@ -7,7 +7,11 @@ runner's; every row's pages are drawn in random order from one pool.
 """
 
 import dataclasses
+import datetime
+import json
+import pathlib
 import statistics
+import sys
 import time
 
 import jax
@@ -152,3 +156,21 @@ def kernel_breakdown_ms(fn) -> list[tuple[str, float]]:
         return [(name, float(ms)) for name, ms in kernels or []]
     except Exception:  # CUPTI missing or busy
         return []
+
+
+def results_header(script: str) -> dict:
+    """The date, device, JAX version and command line every kernel benchmark records."""
+    return {
+        "date": datetime.date.today().isoformat(),
+        "device": f"{jax.default_backend()}: {jax.devices()[0].device_kind}",
+        "jax": jax.__version__,
+        "command": " ".join([f"python -m {script}"] + sys.argv[1:]),
+    }
+
+
+def save_results(results: dict, out_dir: pathlib.Path, stem: str, markdown: str) -> None:
+    """Writes `<stem>.json` and `<stem>.md` to `out_dir` (after every case, so a run cut off
+    by its time limit keeps what it had)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{stem}.json").write_text(json.dumps(results, indent=1, default=str))
+    (out_dir / f"{stem}.md").write_text(markdown)

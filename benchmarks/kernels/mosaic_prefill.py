@@ -13,11 +13,8 @@ the Triton call. The yardsticks (unpaged, contiguous K/V) run on the prefill cas
 
 import argparse
 import dataclasses
-import datetime
 import functools
-import json
 import pathlib
-import sys
 import traceback
 
 import jax
@@ -25,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.harness import git_sha, gpu_clocks, versions
-from benchmarks.kernels.attention_cases import Case, gpu_time_ms, make_batch
+from benchmarks.kernels.attention_cases import Case, gpu_time_ms, make_batch, results_header, save_results
 from vjx.kernels.paged_prefill_mgpu import MosaicPrefillTuning, paged_prefill_attention
 from vjx.kernels.ragged_paged_attention import Scoring, ragged_paged_attention
 
@@ -147,11 +144,8 @@ def _markdown(results: dict) -> str:
 
 
 def _save(results: dict, out_dir: pathlib.Path) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
     kind = "h200" if "H200" in results["device"] else "h100" if "H100" in results["device"] else "gpu"
-    stem = f"{results['date']}-{kind}-mosaic-prefill"
-    (out_dir / f"{stem}.json").write_text(json.dumps(results, indent=1, default=str))
-    (out_dir / f"{stem}.md").write_text(_markdown(results))
+    save_results(results, out_dir, f"{results['date']}-{kind}-mosaic-prefill", _markdown(results))
 
 
 def main(argv=None) -> dict:
@@ -161,10 +155,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--sweep", action="store_true", help="every tuning of SWEEP on every case")
     args = parser.parse_args(argv)
     results = {
-        "date": datetime.date.today().isoformat(),
-        "device": f"{jax.default_backend()}: {jax.devices()[0].device_kind}",
-        "jax": jax.__version__,
-        "command": " ".join(["python -m benchmarks.kernels.mosaic_prefill"] + sys.argv[1:]),
+        **results_header("benchmarks.kernels.mosaic_prefill"),
         "sweep": [dataclasses.asdict(t) for t in SWEEP],
         "git_sha": git_sha(),
         "versions": versions(),

@@ -15,11 +15,8 @@ shipped knobs, then the optional sweep. Writes `<date>-h200-paged-attention.json
 
 import argparse
 import dataclasses
-import datetime
 import functools
-import json
 import pathlib
-import sys
 import time
 import traceback
 
@@ -27,7 +24,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.kernels.attention_cases import CASES, gpu_time_ms, kernel_breakdown_ms, make_batch
+from benchmarks.kernels.attention_cases import (
+    CASES,
+    gpu_time_ms,
+    kernel_breakdown_ms,
+    make_batch,
+    results_header,
+    save_results,
+)
 from benchmarks.kernels.sweep import ours, sweep
 from vjx.attention.pallas_gpu import PallasGpuBackend
 from vjx.attention.reference import ReferenceBackend
@@ -152,10 +156,7 @@ def _markdown(results: dict) -> str:
 
 
 def _save(results: dict, out_dir: pathlib.Path) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"{results['date']}-h200-paged-attention"
-    (out_dir / f"{stem}.json").write_text(json.dumps(results, indent=1, default=str))
-    (out_dir / f"{stem}.md").write_text(_markdown(results))
+    save_results(results, out_dir, f"{results['date']}-h200-paged-attention", _markdown(results))
 
 
 def main(argv=None) -> dict:
@@ -168,10 +169,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--hlo", action="store_true", help="check the forward's HLO for cache copies")
     args = parser.parse_args(argv)
     results = {
-        "date": datetime.date.today().isoformat(),
-        "device": f"{jax.default_backend()}: {jax.devices()[0].device_kind}",
-        "jax": jax.__version__,
-        "command": " ".join(["python -m benchmarks.kernels.ragged_paged_attention"] + sys.argv[1:]),
+        **results_header("benchmarks.kernels.ragged_paged_attention"),
         "default_tuning": dataclasses.asdict(default_tuning(128, DTYPE)),
         "table": [],
     }
