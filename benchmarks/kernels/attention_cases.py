@@ -158,6 +158,12 @@ def kernel_breakdown_ms(fn) -> list[tuple[str, float]]:
         return []
 
 
+def relative_error(out, expected) -> float:
+    """||out - expected|| / ||expected|| in float64."""
+    out, expected = np.asarray(out, np.float64), np.asarray(expected, np.float64)
+    return float(np.linalg.norm(out - expected) / np.linalg.norm(expected))
+
+
 def results_header(script: str) -> dict:
     """The date, device, JAX version and command line every kernel benchmark records."""
     return {

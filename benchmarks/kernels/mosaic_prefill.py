@@ -19,10 +19,16 @@ import traceback
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from benchmarks.harness import git_sha, gpu_clocks, versions
-from benchmarks.kernels.attention_cases import Case, gpu_time_ms, make_batch, results_header, save_results
+from benchmarks.kernels.attention_cases import (
+    Case,
+    gpu_time_ms,
+    make_batch,
+    relative_error,
+    results_header,
+    save_results,
+)
 from vjx.kernels.paged_prefill_mgpu import MosaicPrefillTuning, paged_prefill_attention
 from vjx.kernels.ragged_paged_attention import Scoring, ragged_paged_attention
 
@@ -58,12 +64,6 @@ def _rate(case: Case, fn) -> dict:
     except Exception as error:  # one failing implementation must not end the run
         traceback.print_exc()
         return {"error": f"{type(error).__name__}: {error}"[:600]}
-
-
-def _rel_err(out, expected, num_real: int) -> float:
-    out = np.asarray(out[:num_real], np.float64)
-    expected = np.asarray(expected[:num_real], np.float64)
-    return float(np.linalg.norm(out - expected) / np.linalg.norm(expected))
 
 
 def _yardsticks(case: Case) -> dict:
@@ -103,7 +103,10 @@ def _row(case: Case, sweep: bool) -> dict:
         label = f"mosaic q{tuning.block_q} kv{tuning.block_kv} s{tuning.stages}"
         whole, alone = _calls(batch, tuning)
         try:
-            row[label] = {**_rate(case, whole), "rel_err_vs_triton": _rel_err(whole(), expected, num_real)}
+            row[label] = {
+                **_rate(case, whole),
+                "rel_err_vs_triton": relative_error(whole()[:num_real], expected[:num_real]),
+            }
             row[label]["kernel"] = _rate(case, alone)
         except Exception as error:
             traceback.print_exc()

@@ -22,13 +22,13 @@ import traceback
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from benchmarks.kernels.attention_cases import (
     CASES,
     gpu_time_ms,
     kernel_breakdown_ms,
     make_batch,
+    relative_error,
     results_header,
     save_results,
 )
@@ -82,11 +82,6 @@ def _measure(row: dict, label: str, fn, case, is_chained: bool = False) -> None:
         traceback.print_exc()
 
 
-def _relative_error(out, expected) -> float:
-    out, expected = np.asarray(out, np.float64), np.asarray(expected, np.float64)
-    return float(np.linalg.norm(out - expected) / np.linalg.norm(expected))
-
-
 def _table_row(case, with_forward: bool) -> dict:
     """Every implementation on one case, with our output checked against the reference's."""
     batch = make_batch(case, DTYPE)
@@ -105,7 +100,7 @@ def _table_row(case, with_forward: bool) -> dict:
     reference_fn = _forward(ReferenceBackend(), batch, jnp.transpose(batch.kv_cache, (0, 2, 3, 1, 4)))
     _measure(row, "reference_forward", reference_fn, case, is_chained=True)
     num_real = sum(num_new for _, num_new in case.rows)
-    row["rel_err_vs_reference"] = _relative_error(ours_fn()[:num_real], reference_fn()[:num_real])
+    row["rel_err_vs_reference"] = relative_error(ours_fn()[:num_real], reference_fn()[:num_real])
     return row
 
 

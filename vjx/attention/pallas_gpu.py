@@ -11,8 +11,8 @@ Which kernel runs the rows with several query tokens (`prefill_kernel`):
 - "triton" (default): the Triton-lowered launch of vjx/kernels/ragged_paged_attention.py;
 - "mosaic" (Hopper GPUs, opt-in while it is validated): the Mosaic GPU kernel
   (vjx/kernels/paged_prefill_mgpu.py: TMA, wgmma, warp specialisation) for steps of 16-bit q
-  and cache, head dim 64 or 128, no sliding window, soft cap or sinks, and at least 128
-  tokens; any other step keeps the Triton launch. Off a Hopper GPU it falls back to "triton".
+  and cache, head dim 64 or 128, no sliding window, soft cap or sinks, and a multiple of 8
+  tokens, at least 128; any other step keeps the Triton launch. Off a Hopper GPU it falls back to "triton".
 Decode rows always run in the Triton decode launch.
 """
 

@@ -61,17 +61,21 @@ class MosaicPrefillTuning:
             raise ValueError(f"stages must be >= 2, got {self.stages}.")
 
 
-def supports(q_dtype, kv_dtype, head_dim: int, page_size: int, tuning: MosaicPrefillTuning) -> bool:
-    """Whether the kernel handles these shapes: 16-bit q and cache of one dtype, head dims
-    64 and 128, pages that tile the key tiles."""
-    is_16_bit = jnp.dtype(q_dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-    pages_fit = page_size % 8 == 0 and (tuning.block_kv % page_size == 0 or page_size % tuning.block_kv == 0)
-    return is_16_bit and jnp.dtype(q_dtype) == jnp.dtype(kv_dtype) and head_dim in (64, 128) and pages_fit
-
-
 # Query tiles start on a multiple of 8 tokens: a TMA copy into a shared-memory tile of 8-row
 # tiling takes its global rows in whole tiles, so an unaligned start would read shifted rows.
 ROW_ALIGNMENT = 8
+
+
+def supports(q: Array, kv_cache: Array, tuning: MosaicPrefillTuning) -> bool:
+    """Whether the kernel takes these shapes: 16-bit q and cache of one dtype, head dims 64
+    and 128, pages that tile the key tiles, and a step of at least one query block of tokens
+    (a Q tile never reads past the last token), a multiple of 8 of them (aligned Q tiles)."""
+    num_tokens, _, head_dim = q.shape
+    page_size = kv_cache.shape[3]
+    is_16_bit = jnp.dtype(q.dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+    pages_fit = page_size % 8 == 0 and (tuning.block_kv % page_size == 0 or page_size % tuning.block_kv == 0)
+    tokens_fit = num_tokens >= _COMPUTE_WARPGROUPS * tuning.block_q and num_tokens % ROW_ALIGNMENT == 0
+    return is_16_bit and q.dtype == kv_cache.dtype and head_dim in (64, 128) and pages_fit and tokens_fit
 
 
 def num_query_blocks(num_tokens: int, max_rows: int, block_tokens: int) -> int:
@@ -134,9 +138,7 @@ class _Block:
     num_steps: Array  # key tiles the program walks
 
     @classmethod
-    def create(cls, refs, block: Array, shape: _Shape) -> "_Block":
-        row, first = refs["schedule"][block, 0], refs["schedule"][block, 1]
-        row = jnp.maximum(row, 0)
+    def create(cls, refs, row: Array, first: Array, shape: _Shape) -> "_Block":
         start, end = refs["query_start_loc"][row], refs["query_start_loc"][row + 1]
         context = refs["seq_lens"][row] - (end - start)
         last = jnp.minimum(first + _COMPUTE_WARPGROUPS * shape.tuning.block_q, end)
@@ -355,10 +357,11 @@ def _kernel(schedule, query_start_loc, seq_lens, block_tables, q, kv_cache, out,
     smem = dict(q=q_smem, k=k_smem, v=v_smem, o=o_smem)
     barriers = dict(q=q_bar, k=k_bar, v=v_bar, k_consumed=k_used, v_consumed=v_used, schedule=schedule_bar)
     block = lax.axis_index("blocks")
+    row = schedule[block, 0]
 
-    @pl.when(schedule[block, 0] >= 0)
+    @pl.when(row >= 0)
     def _():
-        blk = _Block.create(refs, block, shape)
+        blk = _Block.create(refs, row, schedule[block, 1], shape)
         wg = lax.axis_index("wg")
         pl.when(wg < _COMPUTE_WARPGROUPS)(lambda: _compute_warpgroup(refs, smem, barriers, blk, shape))
         pl.when(wg == _COMPUTE_WARPGROUPS)(lambda: _memory_warpgroup(refs, smem, barriers, blk, shape))
@@ -409,10 +412,11 @@ def paged_prefill_attention(
     other tokens' rows of the result are not written (the caller writes them)."""
     num_tokens, num_heads, head_dim = q.shape
     _, num_kv_heads, _, page_size, _ = kv_cache.shape
-    if not supports(q.dtype, kv_cache.dtype, head_dim, page_size, tuning):
+    if not supports(q, kv_cache, tuning):
         raise ValueError(
-            f"The Mosaic GPU prefill kernel takes bf16/f16 q and cache of one dtype, head_dim 64 or 128 and "
-            f"pages that tile {tuning.block_kv} keys; got {q.dtype}/{kv_cache.dtype}, {head_dim}, {page_size}."
+            f"The Mosaic GPU prefill kernel takes bf16/f16 q and cache of one dtype, head_dim 64 or 128, pages "
+            f"that tile {tuning.block_kv} keys and a multiple of 8 tokens, at least {2 * tuning.block_q}; got "
+            f"{q.dtype}/{kv_cache.dtype}, {head_dim}, {page_size}, {num_tokens}."
         )
     shape = _Shape(num_heads // num_kv_heads, head_dim, page_size, block_tables.shape[1], tuning, sm_scale, interpret)
     block_tokens = _COMPUTE_WARPGROUPS * tuning.block_q

@@ -310,11 +310,17 @@ def _prefill_block(qb: QueryBlock, kv_head: Array, refs: _Refs, g: Geometry, sco
 
 
 def _merge_prefill_kernel(
-    *kernel_refs, prefill: Geometry, decode: Geometry, scoring: Scoring, splits: Splits, num_blocks: int, rows: bool
+    *kernel_refs,
+    prefill: Geometry,
+    decode: Geometry,
+    scoring: Scoring,
+    splits: Splits,
+    num_blocks: int,
+    prefill_rows: bool,
 ):
     """Program (p, k), kv head k: query block num_blocks - 1 - p (the last blocks first) for
-    p < num_blocks, else the merge of decode row p - num_blocks. Without `rows`, the blocks
-    are the padding tokens' only (the Mosaic GPU launch wrote the prefill rows)."""
+    p < num_blocks, else the merge of decode row p - num_blocks. Without `prefill_rows`, the
+    blocks are the padding tokens' only (the Mosaic GPU launch wrote the prefill rows)."""
     *inputs, _out_in_ref, out_ref = kernel_refs
     refs = _Refs(*inputs, out_ref)
     program, kv_head = pl.program_id(0), pl.program_id(1)
@@ -328,7 +334,7 @@ def _merge_prefill_kernel(
     def _():
         block = num_blocks - 1 - program
         qb, is_block = find_query_block(
-            refs.query_start_loc, refs.num_seqs, refs.q.shape[0], block, prefill.block_q, prefill_rows=rows
+            refs.query_start_loc, refs.num_seqs, refs.q.shape[0], block, prefill.block_q, prefill_rows=prefill_rows
         )
         is_padding = qb.row == refs.num_seqs[0]
 
@@ -459,21 +465,17 @@ def ragged_paged_attention(
         block_m=max(tuning.prefill.block_m, pl.next_power_of_2(group)),
         block_k=tuning.prefill.block_k,
     )
-    return _merge_prefill(step, (decode, prefill), splits, tuning.prefill, (buffers, out is None))
+    return _merge_prefill(step, (decode, prefill), splits, tuning.prefill, buffers, prefill_rows=out is None)
 
 
 def uses_mosaic_prefill(
     q: Array, kv_cache: Array, scoring: Scoring, sinks: Array | None, tuning: MosaicPrefillTuning
 ) -> bool:
-    """Whether a step of these shapes runs its prefill rows in the Mosaic GPU kernel: 16-bit q
-    and cache of one dtype, head dim 64 or 128, no sliding window, soft cap or sinks, and at
-    least one full query block of tokens, a multiple of 8 of them (smaller steps stay in the
-    Triton launch)."""
-    num_tokens, _, head_dim = q.shape
-    page_size = kv_cache.shape[3]
+    """Whether a step runs its prefill rows in the Mosaic GPU kernel: plain causal scoring (no
+    sliding window, soft cap or sinks) and shapes the kernel takes (`mosaic_supports`: 16-bit
+    q and cache, head dim 64 or 128, at least one query block of tokens, a multiple of 8)."""
     plain = scoring.sliding_window is None and scoring.soft_cap is None and sinks is None
-    is_large = num_tokens >= 2 * tuning.block_q and num_tokens % 8 == 0
-    return plain and is_large and mosaic_supports(q.dtype, kv_cache.dtype, head_dim, page_size, tuning)
+    return plain and mosaic_supports(q, kv_cache, tuning)
 
 
 def _decode(step: _Step, g: Geometry, splits: Splits, tuning: KernelTuning, out: Array | None) -> tuple:
@@ -490,23 +492,25 @@ def _decode(step: _Step, g: Geometry, splits: Splits, tuning: KernelTuning, out:
         jax.ShapeDtypeStruct(step.q.shape, step.q.dtype),
     )
     kernel = functools.partial(_decode_kernel, geometry=g, scoring=step.scoring, splits=splits, out_in=out is not None)
-    if out is None:
-        return step.launch(kernel, (num_programs, g.num_kv_heads), out_shape, tuning)(*step.inputs)
-    inputs = (*step.inputs, out)
-    aliases = {len(jax.tree.leaves(inputs)) - 1: 3}
+    inputs, aliases = step.inputs, None
+    if out is not None:
+        inputs = (*inputs, out)
+        aliases = {len(jax.tree.leaves(inputs)) - 1: 3}
     return step.launch(kernel, (num_programs, g.num_kv_heads), out_shape, tuning, aliases)(*inputs)
 
 
-def _merge_prefill(step: _Step, geometries: tuple, splits: Splits, tuning: KernelTuning, buffers: tuple) -> Array:
-    """Launch 2: the prefill rows (unless the Mosaic GPU launch wrote them), the split decode
-    rows and the padding tokens, written into the decode launch's output in place."""
+def _merge_prefill(
+    step: _Step, geometries: tuple, splits: Splits, tuning: KernelTuning, buffers: tuple, prefill_rows: bool
+) -> Array:
+    """Launch 2: the prefill rows (unless `prefill_rows` is False: the Mosaic GPU launch wrote
+    them), the split decode rows and the padding tokens, written into the decode launch's
+    output in place."""
     decode, prefill = geometries
-    buffers, rows = buffers
     num_tokens = step.q.shape[0]
     # The rows with blocks: those of several tokens (min(R, T // 2) at most) and the padding
     # row. n such rows, T tokens in all, fill at most (T - n) // block_q + n blocks, a bound
     # that grows with n.
-    num_rows = min(min(step.seq_lens.shape[0], num_tokens // 2) + 1, num_tokens) if rows else 1
+    num_rows = min(min(step.seq_lens.shape[0], num_tokens // 2) + 1, num_tokens) if prefill_rows else 1
     num_blocks = (num_tokens - num_rows) // prefill.block_q + num_rows
     # Rows are split only when num_seqs <= decode_programs // 2.
     num_merge_rows = min(step.max_rows, splits.decode_programs // 2) if splits.max_kv_splits > 1 else 0
@@ -517,7 +521,7 @@ def _merge_prefill(step: _Step, geometries: tuple, splits: Splits, tuning: Kerne
         scoring=step.scoring,
         splits=splits,
         num_blocks=num_blocks,
-        rows=rows,
+        prefill_rows=prefill_rows,
     )
     inputs = (*step.inputs, *buffers)
     launch = step.launch(
