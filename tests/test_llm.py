@@ -15,6 +15,8 @@ import transformers
 from tests.helpers.large_engine import LARGE_ARGS, PROMPTS
 from tests.helpers.model_steps import empty_caches, prefill, random_blocks
 from vjx import LLM, SamplingParams
+from vjx.worker import model_runner
+from vjx.worker.step_layout import GENERAL, PLAIN
 
 MAX_TOKENS = 24
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
@@ -28,7 +30,10 @@ def small_llm():
 
 @pytest.fixture(scope="module")
 def large_llm():
-    return LLM(**LARGE_ARGS, async_scheduling=False)
+    # Both step variants, as an accelerator compiles them (the CPU compiles GENERAL alone).
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(model_runner, "step_variants", lambda platform: (PLAIN, GENERAL))
+        return LLM(**LARGE_ARGS, async_scheduling=False)
 
 
 @pytest.fixture(scope="module")
@@ -193,8 +198,6 @@ def test_stats_are_logged_when_enabled(large_llm, caplog, monkeypatch):
 
 
 def test_plain_steps_leave_out_conditionals_and_draw_like_general_ones(large_llm, monkeypatch):
-    from vjx.worker.step_layout import GENERAL, PLAIN
-
     runner = large_llm.llm_engine.engine_core.engine_core.model_executor.worker.model_runner
     assert all(
         "conditional" not in step.as_text() for (_, features), step in runner._compiled.items() if features == PLAIN

@@ -20,11 +20,16 @@ KV_CACHE_DTYPES = {"auto": None, "fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m
 "auto" (None) stores the model dtype."""
 
 
-def kv_cache_dtype_name(kv_cache_dtype: str, model_dtype: str) -> str:
-    """The element type of a cache of `kv_cache_dtype` ("auto": `model_dtype`)."""
+def kv_cache_dtype_name(kv_cache_dtype: str, model_dtype: str, platform: str = "gpu") -> str:
+    """The element type of a cache of `kv_cache_dtype` on `platform` ("auto": `model_dtype`,
+    except float32 for a 16-bit model on the CPU: XLA:CPU has no 16-bit gather or scatter,
+    and would convert a layer's whole cache to float32 around each read and write, every
+    step; SmolLM2-135M in bf16 on two cores, a 0.86 s decode step instead of 0.04 s)."""
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(f"kv_cache_dtype must be one of {list(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}.")
-    return KV_CACHE_DTYPES[kv_cache_dtype] or model_dtype
+    if KV_CACHE_DTYPES[kv_cache_dtype] is not None:
+        return KV_CACHE_DTYPES[kv_cache_dtype]
+    return "float32" if platform == "cpu" and _DTYPE_BYTES[model_dtype] == 2 else model_dtype
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -16,7 +16,8 @@ from jax.sharding import PartitionSpec as P
 
 from tests.helpers.tiny_llama import ENGINE_ARGS, HIDDEN, VOCAB, save_tiny_llama
 from vjx import LLM
-from vjx.worker.step_layout import PLAIN
+from vjx.worker import model_runner
+from vjx.worker.step_layout import GENERAL, PLAIN
 
 NUM_LAYERS = 2
 TENSOR_PARALLEL_SIZE = 2
@@ -31,7 +32,10 @@ def runner(tmp_path_factory):
     path = tmp_path_factory.mktemp("llama-tp-collectives")
     # The Pallas kernels need a head_dim that is a power of two >= 16.
     save_tiny_llama(path, num_kv_heads=2, seed=5, head_dim=16)
-    llm = LLM(str(path), tensor_parallel_size=TENSOR_PARALLEL_SIZE, attention_backend="pallas_gpu", **ENGINE_ARGS)
+    # Both step variants, as an accelerator compiles them (the CPU compiles GENERAL alone).
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(model_runner, "step_variants", lambda platform: (PLAIN, GENERAL))
+        llm = LLM(str(path), tensor_parallel_size=TENSOR_PARALLEL_SIZE, attention_backend="pallas_gpu", **ENGINE_ARGS)
     return llm.llm_engine.engine_core.engine_core.model_executor.worker.model_runner
 
 

@@ -19,13 +19,16 @@ from tests.helpers.tiny_llama import ENGINE_ARGS, PROMPTS, save_tiny_llama
 from vjx import LLM, EngineArgs, SamplingParams
 from vjx.sharding.mesh import make_mesh
 from vjx.worker import executable_cache
+from vjx.worker.step_layout import decode_buckets, step_variants, token_buckets
 
-NUM_VARIANTS = 2
+NUM_VARIANTS = len(token_buckets(ENGINE_ARGS["max_num_batched_tokens"], decode_buckets("cpu"))) * len(
+    step_variants("cpu")
+)
 PARAMS = [
     SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
     SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=6, logprobs=2, ignore_eos=True),
 ]
-"""A greedy batch runs the PLAIN variant; the seeded top-p batch with logprobs, GENERAL."""
+"""A greedy batch, and a seeded top-p batch with logprobs (PLAIN and GENERAL where both are compiled)."""
 
 
 @pytest.fixture(scope="module")

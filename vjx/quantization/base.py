@@ -23,6 +23,7 @@ import numpy as np
 from flax import nnx
 from jaxtyping import Array, Float
 
+from vjx.models.layers.matmul import dense
 from vjx.models.layers.param import logical_axes_of, logical_param
 
 
@@ -59,10 +60,10 @@ class LinearMethod(abc.ABC):
 
 @dataclasses.dataclass(frozen=True)
 class UnquantizedLinearMethod(LinearMethod):
-    """The kernel in the model's dtype: one einsum."""
+    """The kernel in the model's dtype: one GEMM."""
 
     def apply(self, layer: nnx.Module, x: Float[Array, "..."]) -> Float[Array, "..."]:
-        return add_bias(layer, jnp.einsum(layer.einsum_str, x, layer.kernel[...]))
+        return add_bias(layer, dense(x, layer.kernel[...], layer.num_in_dims))
 
 
 class QuantizationConfig(abc.ABC):

@@ -51,6 +51,7 @@ from vjx.worker.step_layout import (
     StepLayout,
     query_start_loc,
     ragged_positions,
+    step_variants,
 )
 from vjx.worker.step_outputs import StepRecord, collect_logprobs
 
@@ -103,9 +104,9 @@ class ModelRunner:
         self.drafts_on_device = self.num_spec_tokens > 0 and sched.async_scheduling
         """Async scheduling: drafts are proposed after each step, kept on the device (async_drafts.py)."""
         self.lora = None if config.lora_config is None else LoRAManager(model, config.lora_config, self._loras_in_use)
-        self.layouts = make_layouts(
-            config, max_blocks=max_blocks, num_kv_cache_groups=self.num_kv_cache_groups, block_size=self.block_size
-        )
+        platform = mesh.devices.flat[0].platform
+        self.step_variants = step_variants(platform)
+        self.layouts = make_layouts(config, max_blocks, self.num_kv_cache_groups, self.block_size, platform)
         self.drafter = self._make_drafter(config, draft)
         self._no_grammar: dict[int, jax.Array] = {}
         """Per sampling-position count, grammar bans of all zeros on the device (no row constrained)."""
@@ -170,7 +171,7 @@ class ModelRunner:
         not); returns the seconds spent. `executable_cache` (an `ExecutableCache`) supplies
         the variants compiled by an earlier start and keeps the new ones."""
         start = time.perf_counter()
-        variants = [(t, features) for t in self.layouts for features in (PLAIN, GENERAL)]
+        variants = [(t, features) for t in self.layouts for features in self.step_variants]
         with concurrent.futures.ThreadPoolExecutor(min(len(variants), os.cpu_count() or 1)) as pool:
             compiled = pool.map(lambda variant: self.compile_layout(*variant, executable_cache), variants)
             self._compiled = dict(zip(variants, compiled))
@@ -281,11 +282,13 @@ class ModelRunner:
         return put_replicated(packed, self.replicated)
 
     def _features(self, fields: dict[str, np.ndarray], rows: np.ndarray, record: StepRecord) -> StepFeatures:
-        """PLAIN when no row of the step filters, processes its logits or wants logprobs."""
+        """PLAIN when no row of the step filters, processes its logits or wants logprobs,
+        and the platform compiles it."""
         is_below_min_tokens = fields["is_below_min_tokens"][: len(rows)]
         if self.input_batch.uses_general_step[rows].any() or is_below_min_tokens.any():
             return GENERAL
-        return GENERAL if record.has_prompt_target.any() else PLAIN
+        is_plain = PLAIN in self.step_variants and not record.has_prompt_target.any()
+        return PLAIN if is_plain else GENERAL
 
     def _update_states(self, so: SchedulerOutput) -> None:
         batch = self.input_batch

@@ -5,13 +5,14 @@ from vjx.models.llama_eagle3 import aux_hidden_state_layer_ids
 from vjx.spec_decode.config import EAGLE_METHODS
 from vjx.spec_decode.sample_positions import SPEC_DECODE_INPUTS
 from vjx.worker.step_inputs import LORA_INPUTS, STEP_INPUTS
-from vjx.worker.step_layout import PackedBuffer, StepLayout, token_buckets
+from vjx.worker.step_layout import PackedBuffer, StepLayout, decode_buckets, token_buckets
 
 
 def make_layouts(
-    config: VjxConfig, *, max_blocks: int, num_kv_cache_groups: int, block_size: int
+    config: VjxConfig, max_blocks: int, num_kv_cache_groups: int, block_size: int, platform: str
 ) -> dict[int, StepLayout]:
-    """One layout per token bucket; with speculative decoding or LoRA their inputs join the table."""
+    """One layout per token bucket of `platform`; with speculative decoding or LoRA their
+    inputs join the table."""
     max_num_reqs, num_spec_tokens = config.scheduler_config.max_num_seqs, config.num_speculative_tokens
     table = STEP_INPUTS.with_inputs(*SPEC_DECODE_INPUTS) if num_spec_tokens else STEP_INPUTS
     table = table if config.lora_config is None else table.with_inputs(*LORA_INPUTS)
@@ -31,7 +32,7 @@ def make_layouts(
             aux_hidden_state_layers=aux_hidden_state_layers(config),
             table=table,
         )
-        for t in token_buckets(config.scheduler_config.max_num_batched_tokens)
+        for t in token_buckets(config.scheduler_config.max_num_batched_tokens, decode_buckets(platform))
     }
 
 

@@ -19,11 +19,29 @@ from jaxtyping import Array, Int
 from vjx.worker.step_inputs import STEP_INPUTS, StepInputTable
 
 _MIN_TOKEN_BUCKET = 16
+_CPU_DECODE_BUCKETS = (1, 8)
+"""The CPU's buckets below 16. An accelerator reads the weights in the same time for 1 or 16
+tokens; a CPU step's GEMMs grow with the tokens even at decode sizes (SmolLM2-135M, float32,
+two cores: 44 ms a decode step at 1 token, about 250 ms padded to 16). Two, not every power of
+two, so a CPU engine compiles few variants: one request, and batches up to 8."""
 
 
-def token_buckets(max_num_batched_tokens: int) -> list[int]:
-    """Powers of two from 16, closed by `max_num_batched_tokens` itself."""
-    buckets = []
+def decode_buckets(platform: str) -> tuple[int, ...]:
+    """The token buckets below 16 that `platform` compiles."""
+    return _CPU_DECODE_BUCKETS if platform == "cpu" else ()
+
+
+def step_variants(platform: str) -> tuple["StepFeatures", ...]:
+    """The variants each bucket compiles: PLAIN and GENERAL, or GENERAL alone on the CPU,
+    where a run-time conditional costs no wait for the device (two cores, SmolLM2-135M:
+    the same decode step time) and every variant is seconds of start-up."""
+    return (GENERAL,) if platform == "cpu" else (PLAIN, GENERAL)
+
+
+def token_buckets(max_num_batched_tokens: int, small_buckets: tuple[int, ...] = ()) -> list[int]:
+    """`small_buckets` below 16, then powers of two from 16, closed by
+    `max_num_batched_tokens` itself."""
+    buckets = [b for b in small_buckets if b < min(_MIN_TOKEN_BUCKET, max_num_batched_tokens)]
     size = _MIN_TOKEN_BUCKET
     while size < max_num_batched_tokens:
         buckets.append(size)

@@ -94,8 +94,10 @@ class Worker:
 
     @property
     def kv_cache_dtype(self) -> str:
-        """The cache's element type, by name: the model dtype, or float8_e4m3fn for "fp8"."""
-        return kv_cache_dtype_name(self.config.cache_config.cache_dtype, self.config.model_config.dtype)
+        """The cache's element type, by name: the model dtype (float32 on the CPU), or
+        float8_e4m3fn for "fp8"."""
+        platform = self.mesh.devices.flat[0].platform
+        return kv_cache_dtype_name(self.config.cache_config.cache_dtype, self.config.model_config.dtype, platform)
 
     @property
     def _kv_dtype(self):

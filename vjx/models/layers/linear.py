@@ -19,6 +19,7 @@ import numpy as np
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
+from vjx.models.layers.matmul import matmul
 from vjx.models.layers.param import HFParamLayer, logical_param
 from vjx.quantization.base import LinearMethod, UnquantizedLinearMethod
 
@@ -217,7 +218,7 @@ class Embedding(nnx.Module, HFParamLayer):
         return jnp.take(self.embedding[...], input_ids, axis=0)
 
     def attend(self, x: Float[Array, "R D"]) -> Float[Array, "R V"]:
-        return jnp.einsum("RD,VD->RV", x, self.embedding[...])
+        return matmul(x, self.embedding[...], w_axis=1)
 
 
 def _num_contracted_dims(einsum_str: str) -> int:
@@ -226,6 +227,11 @@ def _num_contracted_dims(einsum_str: str) -> int:
     x_dims, kernel_dims = inputs.split(",")
     contracted = [d for d in kernel_dims if d in x_dims and d not in output]
     num_in = len(contracted)
-    if kernel_dims[:num_in] != "".join(contracted) or not all(d in output for d in kernel_dims[num_in:]):
-        raise ValueError(f"einsum_str must list the kernel's contracted dimensions first, got {einsum_str!r}.")
+    lead = x_dims[: len(x_dims) - num_in]
+    if kernel_dims[:num_in] != "".join(contracted) or x_dims != lead + kernel_dims[:num_in]:
+        raise ValueError(
+            f"einsum_str must contract x's last dimensions with the kernel's first, in order, got {einsum_str!r}."
+        )
+    if output != lead + kernel_dims[num_in:]:
+        raise ValueError(f"einsum_str's output must be x's other dimensions, then the kernel's, got {einsum_str!r}.")
     return num_in
