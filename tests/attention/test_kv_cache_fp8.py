@@ -233,13 +233,17 @@ def fp8_worker(tiny_llama):
     return _worker(tiny_llama[0], "fp8")
 
 
-def test_the_same_kv_memory_holds_twice_the_blocks(tiny_llama, fp8_worker):
-    bf16, fp8 = _worker(tiny_llama[0], "auto"), fp8_worker
+def test_the_same_kv_memory_holds_more_blocks_by_the_element_size(tiny_llama, fp8_worker):
+    """fp8 stores one byte an element; "auto" a bf16 model's dtype (two bytes), or float32 on
+    the CPU (four): the same memory holds that many times the blocks."""
+    auto, fp8 = _worker(tiny_llama[0], "auto"), fp8_worker
     assert {spec.dtype for spec in fp8.kv_cache_specs.values()} == {"float8_e4m3fn"}
-    bf16_spec, fp8_spec = (next(iter(w.kv_cache_specs.values())) for w in (bf16, fp8))
-    assert fp8_spec.page_size_bytes * 2 == bf16_spec.page_size_bytes
-    assert fp8.get_kv_block_bytes() * 2 == bf16.get_kv_block_bytes()
-    assert fp8.determine_num_available_blocks() == 2 * bf16.determine_num_available_blocks()
+    assert auto.kv_cache_dtype == "float32"  # the CPU's cache for a 16-bit model
+    ratio = jnp.dtype(auto.kv_cache_dtype).itemsize
+    auto_spec, fp8_spec = (next(iter(w.kv_cache_specs.values())) for w in (auto, fp8))
+    assert fp8_spec.page_size_bytes * ratio == auto_spec.page_size_bytes
+    assert fp8.get_kv_block_bytes() * ratio == auto.get_kv_block_bytes()
+    assert fp8.determine_num_available_blocks() == ratio * auto.determine_num_available_blocks()
     assert {cache.dtype for cache in fp8._allocate_kv_caches(4).values()} == {jnp.dtype(FP8)}
 
 

@@ -34,7 +34,7 @@ TINY_DEFAULT_ARGS = dict(
     num_gpu_blocks_override=400,
 )
 """The large engine's context, batch and pool (tests/helpers/large_engine.py) with a 32-token
-budget: two token buckets, four step variants to compile instead of ten. Every module that
+budget: two token buckets, two step variants to compile (GENERAL alone on the CPU). Every module that
 runs the stand-in with these arguments shares its compiled steps through the persistent cache."""
 
 

@@ -75,7 +75,7 @@ ENGINE_ARGS = dict(
     async_scheduling=False,
 )
 """Two token buckets (16 and 32): the four chat prompts prefill in chunks beside decodes, and
-the 262k-vocabulary model compiles four step variants instead of ten."""
+the 262k-vocabulary model compiles two step variants (GENERAL alone on the CPU)."""
 
 
 @pytest.fixture(scope="module")

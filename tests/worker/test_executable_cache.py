@@ -1,9 +1,9 @@
 """The executable cache: a second engine loads every step variant instead of compiling it.
 
-Engines on a tiny random Llama with one 16-token bucket (two step variants). JAX's
-persistent cache (and with it the executable cache) is the module's own, so the first engine
-must compile and store both variants; outputs must not depend on whether a step was compiled
-or loaded.
+Engines on a tiny random Llama with one 16-token bucket (one step variant on the CPU,
+GENERAL). JAX's persistent cache (and with it the executable cache) is the module's own, so
+the first engine must compile and store every variant; outputs must not depend on whether a
+step was compiled or loaded.
 """
 
 import logging
@@ -21,9 +21,8 @@ from vjx.sharding.mesh import make_mesh
 from vjx.worker import executable_cache
 from vjx.worker.step_layout import decode_buckets, step_variants, token_buckets
 
-NUM_VARIANTS = len(token_buckets(ENGINE_ARGS["max_num_batched_tokens"], decode_buckets("cpu"))) * len(
-    step_variants("cpu")
-)
+BUDGET = ENGINE_ARGS["max_num_batched_tokens"]
+NUM_VARIANTS = len(token_buckets(BUDGET, decode_buckets("cpu", BUDGET))) * len(step_variants("cpu"))
 PARAMS = [
     SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
     SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=6, logprobs=2, ignore_eos=True),

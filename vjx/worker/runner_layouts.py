@@ -14,6 +14,7 @@ def make_layouts(
     """One layout per token bucket of `platform`; with speculative decoding or LoRA their
     inputs join the table."""
     max_num_reqs, num_spec_tokens = config.scheduler_config.max_num_seqs, config.num_speculative_tokens
+    budget = config.scheduler_config.max_num_batched_tokens
     table = STEP_INPUTS.with_inputs(*SPEC_DECODE_INPUTS) if num_spec_tokens else STEP_INPUTS
     table = table if config.lora_config is None else table.with_inputs(*LORA_INPUTS)
     is_eagle = num_spec_tokens > 0 and config.speculative_config.method in EAGLE_METHODS
@@ -32,7 +33,7 @@ def make_layouts(
             aux_hidden_state_layers=aux_hidden_state_layers(config),
             table=table,
         )
-        for t in token_buckets(config.scheduler_config.max_num_batched_tokens, decode_buckets(platform))
+        for t in token_buckets(budget, decode_buckets(platform, budget))
     }
 
 

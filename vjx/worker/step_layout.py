@@ -24,11 +24,16 @@ _CPU_DECODE_BUCKETS = (1, 8)
 tokens; a CPU step's GEMMs grow with the tokens even at decode sizes (SmolLM2-135M, float32,
 two cores: 44 ms a decode step at 1 token, about 250 ms padded to 16). Two, not every power of
 two, so a CPU engine compiles few variants: one request, and batches up to 8."""
+_CPU_DECODE_BUCKETS_MIN_BUDGET = 512
+"""The CPU's default token budget. Below it (a test's engine, or a toy one) a variant's
+compile costs more than padding decode steps to 16 tokens saves: no decode buckets."""
 
 
-def decode_buckets(platform: str) -> tuple[int, ...]:
-    """The token buckets below 16 that `platform` compiles."""
-    return _CPU_DECODE_BUCKETS if platform == "cpu" else ()
+def decode_buckets(platform: str, max_num_batched_tokens: int) -> tuple[int, ...]:
+    """The token buckets below 16 that `platform` compiles for this token budget."""
+    if platform != "cpu" or max_num_batched_tokens < _CPU_DECODE_BUCKETS_MIN_BUDGET:
+        return ()
+    return _CPU_DECODE_BUCKETS
 
 
 def step_variants(platform: str) -> tuple["StepFeatures", ...]:
