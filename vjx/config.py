@@ -213,8 +213,8 @@ class VjxConfig:
     scheduler_config: SchedulerConfig
     parallel_config: ParallelConfig
     attention_backend: str
-    """Name in the attention backend registry: "reference", "pallas_gpu", "pallas_gpu_mosaic" or
-    "pallas_tpu"."""
+    """Name in the attention backend registry: "reference", "cpu", "pallas_gpu", "pallas_gpu_mosaic"
+    or "pallas_tpu"."""
     multiprocess: bool = False
     """`LLM` runs EngineCore in a child process (ZeroMQ) instead of in its own."""
     structured_outputs_config: StructuredOutputsConfig = StructuredOutputsConfig()

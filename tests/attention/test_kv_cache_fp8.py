@@ -20,6 +20,7 @@ from tests.helpers.attention_batches import BatchShape, dense_attention, make_ba
 from tests.helpers.tiny_llama import ENGINE_ARGS, PROMPTS, save_tiny_llama
 from tests.helpers.tpu_layout import from_gpu_layout
 from vjx import LLM, EngineArgs, SamplingParams
+from vjx.attention.cpu import CpuBackend
 from vjx.attention.metadata import AttentionMetadata
 from vjx.attention.pallas_gpu import PallasGpuBackend
 from vjx.attention.pallas_tpu import PallasTpuBackend
@@ -37,6 +38,7 @@ REQUESTS = [(20, 1), (50, 30), (0, 12), (100, 1)]
 SM_SCALE = 0.125
 BACKENDS = {
     "reference": ReferenceBackend(),
+    "cpu": CpuBackend(query_block=16, keys_per_chunk=32, row_slots=2),
     "pallas_gpu": PallasGpuBackend(
         tuning=AttentionTuning(
             decode=KernelTuning(block_k=16), prefill=KernelTuning(block_m=32, block_k=16), decode_programs=8
@@ -79,7 +81,7 @@ def _stored_cache(cache: np.ndarray, scales: tuple[float, float]) -> np.ndarray:
 def _in_layout(name: str, cache_KPSH: np.ndarray, dtype) -> jax.Array:
     """A [2, K, P, S, H] cache in backend `name`'s layout and `dtype` (fp8: already stored)."""
     cache = jnp.asarray(cache_KPSH, dtype)
-    return jnp.transpose(cache, (0, 2, 3, 1, 4)) if name == "reference" else cache
+    return jnp.transpose(cache, (0, 2, 3, 1, 4)) if name in ("reference", "cpu") else cache
 
 
 def _run(name: str, batch, dtype, scales) -> tuple[np.ndarray, np.ndarray]:
@@ -91,7 +93,7 @@ def _run(name: str, batch, dtype, scales) -> tuple[np.ndarray, np.ndarray]:
     k_scale, v_scale = (jnp.float32(s) for s in scales)
     out, written = _forward(BACKENDS[name], q, k, v, _in_layout(name, cache, dtype), batch.md, k_scale, v_scale)
     assert written.dtype == dtype
-    if name == "reference":
+    if name in ("reference", "cpu"):
         written = jnp.transpose(written, (0, 3, 1, 2, 4))
     return np.asarray(out, np.float32)[: batch.real_tokens()], np.asarray(written)
 

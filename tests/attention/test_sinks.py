@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.attention_batches import BatchShape, dense_attention, make_batch, relative_error
+from vjx.attention.cpu import CpuBackend
 from vjx.attention.pallas_gpu import PallasGpuBackend
 from vjx.attention.pallas_tpu import PallasTpuBackend
 from vjx.attention.reference import ReferenceBackend
@@ -30,6 +31,7 @@ SM_SCALE = 0.5
 SINKS = np.linspace(-4.0, 10.0, SHAPE.num_heads, dtype=np.float32)
 BACKENDS = {
     "reference": ReferenceBackend(keys_per_chunk=32),  # several chunks per row
+    "cpu": CpuBackend(query_block=16, keys_per_chunk=32, row_slots=2),  # both of its paths
     "pallas_gpu": PallasGpuBackend(
         tuning=AttentionTuning(
             decode=KernelTuning(block_k=16),
@@ -50,9 +52,9 @@ def _forward(backend, q, k, v, kv_cache, md, sinks, sliding_window=None, soft_ca
 
 
 def _in_layout(backend, kv_cache: np.ndarray) -> jax.Array:
-    """The batch's [2, K, P, S, H] cache in the backend's layout. The reference reads whole
-    chunks of pages, so it gets zeros where the Pallas kernel keeps the NaN poison."""
-    if backend.name == "reference":
+    """The batch's [2, K, P, S, H] cache in the backend's layout. The jnp backends read whole
+    chunks of pages, so they get zeros where the Pallas kernel keeps the NaN poison."""
+    if backend.name in ("reference", "cpu"):
         return jnp.transpose(jnp.asarray(np.nan_to_num(kv_cache)), (0, 2, 3, 1, 4))
     return jnp.asarray(kv_cache)
 
@@ -99,7 +101,7 @@ def test_sharded_backend_splits_the_sinks_with_the_heads():
     shape = BatchShape(64, 5, num_heads=16, num_kv_heads=8, head_dim=32, page_size=8, max_model_len=256)
     batch = make_batch(REQUESTS, shape, seed=6)
     sinks = np.linspace(-4.0, 10.0, shape.num_heads, dtype=np.float32)
-    backend = BACKENDS["reference"]
+    backend = BACKENDS["cpu"]
     expected = _run(backend, batch, sinks, 37, 5.0)
     with jax.set_mesh(make_mesh(ParallelConfig(tensor_parallel_size=8))):
         out = _run(ShardedBackend(backend), batch, sinks, 37, 5.0)

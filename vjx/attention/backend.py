@@ -54,19 +54,21 @@ class AttentionBackend(Protocol):
         ...
 
 
-_PLATFORM_DEFAULTS = {"gpu": "pallas_gpu", "tpu": "pallas_tpu", "cpu": "reference"}
+_PLATFORM_DEFAULTS = {"gpu": "pallas_gpu", "tpu": "pallas_tpu", "cpu": "cpu"}
 
 
 def _backends() -> dict[str, type]:
+    from vjx.attention.cpu import CpuBackend
     from vjx.attention.pallas_gpu import PallasGpuBackend, PallasGpuMosaicBackend
     from vjx.attention.pallas_tpu import PallasTpuBackend
     from vjx.attention.reference import ReferenceBackend
 
-    return {b.name: b for b in (ReferenceBackend, PallasGpuBackend, PallasGpuMosaicBackend, PallasTpuBackend)}
+    backends = (ReferenceBackend, CpuBackend, PallasGpuBackend, PallasGpuMosaicBackend, PallasTpuBackend)
+    return {b.name: b for b in backends}
 
 
 def default_backend_name() -> str:
-    """The platform's backend: Pallas kernels on GPU and TPU, the jnp reference on CPU."""
+    """The platform's backend: Pallas kernels on GPU and TPU, the blocked jnp backend on CPU."""
     return _PLATFORM_DEFAULTS.get(jax.default_backend(), "reference")
 
 

@@ -36,7 +36,7 @@ _MASK_VALUE = -1e30
 
 
 @dataclasses.dataclass(frozen=True)
-class _TokenRows:
+class TokenRows:
     """Each token's row, its position in that row, and whether it is a real token."""
 
     row: Int[Array, " T"]
@@ -94,12 +94,9 @@ class ReferenceBackend:
         sinks: Float[Array, " N"] | None = None,
     ) -> tuple[Float[Array, "T N H"], Float[Array, "2 P S K H"]]:
         """Writes k/v at `md.slot_mapping`, then attends every token to its row's keys."""
-        if sliding_window is not None and sliding_window < 1:
-            raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}.")
-        if soft_cap is not None and soft_cap <= 0:
-            raise ValueError(f"soft_cap must be > 0 or None, got {soft_cap}.")
+        check_scoring(sliding_window, soft_cap)
         kv_cache = write_kv(kv_cache, k, v, md.slot_mapping, k_scale, v_scale)
-        paged_kv = _paged_kv(kv_cache, kv_scales(k_scale, v_scale), q.dtype)
+        paged_kv = paged_kv_reader(kv_cache, kv_scales(k_scale, v_scale), q.dtype)
         out = self.attend(q, paged_kv, md, Scoring(sm_scale, sliding_window, soft_cap), sinks)
         return out, kv_cache
 
@@ -112,7 +109,7 @@ class ReferenceBackend:
         sinks: Float[Array, " N"] | None = None,
     ) -> Float[Array, "T N Hv"]:
         """Attends every token to its row's keys (already written), chunk by chunk."""
-        tokens = _token_rows(md, q.shape[0])
+        tokens = token_rows(md, q.shape[0])
         out, _ = self._softmax(q, paged_kv, md, tokens, scoring, sinks)
         return out
 
@@ -122,7 +119,7 @@ class ReferenceBackend:
         """Attends every token to its row's context only, the keys cached before this step,
         and returns the softmax's log-sum-exp with the output (-inf and 0 where a row has no
         context), so that another pass over the step's own keys can be merged in."""
-        tokens = _token_rows(md, q.shape[0], context_only=True)
+        tokens = token_rows(md, q.shape[0], context_only=True)
         return self._softmax(q, paged_kv, md, tokens, scoring, sinks=None)
 
     def attend_step(
@@ -142,8 +139,8 @@ class ReferenceBackend:
         block = min(self.keys_per_chunk, num_tokens)
         padded = -(-num_tokens // block) * block
         k, v = (jnp.pad(x, ((0, padded - num_tokens), (0, 0), (0, 0))) for x in (k, v))
-        tokens = _token_rows(md, num_tokens)
-        keys = _token_rows(md, padded)
+        tokens = token_rows(md, num_tokens)
+        keys = token_rows(md, padded)
         q_TKGH = q.reshape(num_tokens, num_kv_heads, num_heads // num_kv_heads, head_dim)
 
         def block_step(index, carry):
@@ -153,13 +150,13 @@ class ReferenceBackend:
             row, position, is_valid = (
                 jax.lax.dynamic_slice_in_dim(x, start, block) for x in (keys.row, keys.position, keys.is_valid)
             )
-            is_visible = _visible_step_keys(tokens, _TokenRows(row, position, is_valid), scoring.sliding_window)
-            return _fold_chunk(carry, s_TKGL, is_visible, scoring, "tkgl,lkv->tkgv", v_LKHv)
+            is_visible = _visible_step_keys(tokens, TokenRows(row, position, is_valid), scoring.sliding_window)
+            return fold_chunk(carry, s_TKGL, is_visible, scoring, "tkgl,lkv->tkgv", v_LKHv)
 
         stats_shape = q_TKGH.shape[:-1]
-        init = (*_initial_stats(stats_shape, None), jnp.zeros((*stats_shape, value_dim), jnp.float32))
+        init = (*initial_stats(stats_shape, None), jnp.zeros((*stats_shape, value_dim), jnp.float32))
         num_blocks = -(-md.query_start_loc[md.num_seqs[0]] // block)
-        out_TKGHv, lse_TKG = _normalize(jax.lax.fori_loop(0, num_blocks, block_step, init))
+        out_TKGHv, lse_TKG = normalize(jax.lax.fori_loop(0, num_blocks, block_step, init))
         out = out_TKGHv.reshape(num_tokens, num_heads, value_dim).astype(q.dtype)
         return out, lse_TKG.reshape(num_tokens, num_heads)
 
@@ -168,7 +165,7 @@ class ReferenceBackend:
         q: Float[Array, "T N H"],
         paged_kv: PagedKV,
         md: AttentionMetadata,
-        tokens: _TokenRows,
+        tokens: TokenRows,
         scoring: Scoring,
         sinks: Float[Array, " N"] | None,
     ) -> tuple[Float[Array, "T N Hv"], Float[Array, "T N"]]:
@@ -176,25 +173,32 @@ class ReferenceBackend:
         num_tokens, num_heads, head_dim = q.shape
         block_size, num_kv_heads = paged_kv.block_size, paged_kv.num_kv_heads
         pages_per_chunk = max(1, self.keys_per_chunk // block_size)
-        block_tables = _pad_width(md.block_tables, pages_per_chunk)
+        block_tables = pad_width(md.block_tables, pages_per_chunk)
         q_TKGH = q.reshape(num_tokens, num_kv_heads, num_heads // num_kv_heads, head_dim)
 
         def chunk_step(chunk, carry):
             pages_RC = jax.lax.dynamic_slice_in_dim(block_tables, chunk * pages_per_chunk, pages_per_chunk, axis=1)
             kv_chunk = paged_kv.read_chunk(pages_RC[tokens.row])
             first_key = chunk * pages_per_chunk * block_size
-            return _online_softmax_step(carry, q_TKGH, kv_chunk, first_key, tokens, scoring)
+            return online_softmax_step(carry, q_TKGH, kv_chunk, first_key, tokens, scoring)
 
         stats_shape = q_TKGH.shape[:-1]
-        init = (*_initial_stats(stats_shape, sinks), jnp.zeros((*stats_shape, paged_kv.value_dim), jnp.float32))
+        init = (*initial_stats(stats_shape, sinks), jnp.zeros((*stats_shape, paged_kv.value_dim), jnp.float32))
         max_chunks = block_tables.shape[1] // pages_per_chunk
         num_chunks = _num_chunks(tokens, pages_per_chunk * block_size, max_chunks)
-        out_TKGHv, lse_TKG = _normalize(jax.lax.fori_loop(0, num_chunks, chunk_step, init))
+        out_TKGHv, lse_TKG = normalize(jax.lax.fori_loop(0, num_chunks, chunk_step, init))
         out = out_TKGHv.reshape(num_tokens, num_heads, paged_kv.value_dim).astype(q.dtype)
         return out, lse_TKG.reshape(num_tokens, num_heads)
 
 
-def _paged_kv(kv_cache: Float[Array, "2 P S K H"], scales: Float[Array, "2"] | None, dtype: DTypeLike) -> PagedKV:
+def check_scoring(sliding_window: int | None, soft_cap: float | None) -> None:
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}.")
+    if soft_cap is not None and soft_cap <= 0:
+        raise ValueError(f"soft_cap must be > 0 or None, got {soft_cap}.")
+
+
+def paged_kv_reader(kv_cache: Float[Array, "2 P S K H"], scales: Float[Array, "2"] | None, dtype: DTypeLike) -> PagedKV:
     """The `[2, P, S, K, H]` cache's reader; an fp8 chunk is dequantized to `dtype` as it is read."""
     _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
     chunk_scales = None if scales is None else scales.reshape(2, 1, 1, 1, 1)
@@ -226,7 +230,7 @@ def write_kv(
     return flat.reshape(kv_cache.shape)
 
 
-def _token_rows(md: AttentionMetadata, num_tokens: int, *, context_only: bool = False) -> _TokenRows:
+def token_rows(md: AttentionMetadata, num_tokens: int, *, context_only: bool = False) -> TokenRows:
     """Each token's row (from `query_start_loc`) and its end-aligned position in that row;
     `context_only` puts every token at its row's last cached key instead, so that it sees the
     context and none of the step's own keys."""
@@ -239,24 +243,24 @@ def _token_rows(md: AttentionMetadata, num_tokens: int, *, context_only: bool = 
     query_len = starts[row + 1] - starts[row]
     offset = -1 if context_only else token - starts[row]
     position = md.seq_lens[row] - query_len + offset
-    return _TokenRows(row=row, position=position, is_valid=is_valid)
+    return TokenRows(row=row, position=position, is_valid=is_valid)
 
 
-def _pad_width(block_tables: Int[Array, "R W"], multiple: int) -> Int[Array, "R W2"]:
+def pad_width(block_tables: Int[Array, "R W"], multiple: int) -> Int[Array, "R W2"]:
     """Pads the block table with block 0 to whole chunks, so no chunk slice is clamped."""
     width = block_tables.shape[1]
     padded = -(-width // multiple) * multiple
     return jnp.pad(block_tables, ((0, 0), (0, padded - width)))
 
 
-def _num_chunks(tokens: _TokenRows, keys_per_chunk: int, max_chunks: int) -> Int[Array, ""]:
+def _num_chunks(tokens: TokenRows, keys_per_chunk: int, max_chunks: int) -> Int[Array, ""]:
     """Chunks the furthest key any real token sees needs (the loop's trip count): its row's
     last key, or with `context_only` its last cached one (none for fresh prompts)."""
     num_keys = jnp.max(jnp.where(tokens.is_valid, tokens.position + 1, 0))
     return jnp.minimum(-(-num_keys // keys_per_chunk), max_chunks)
 
 
-def _initial_stats(stats_shape: tuple[int, ...], sinks: Float[Array, " N"] | None) -> tuple[Array, Array]:
+def initial_stats(stats_shape: tuple[int, ...], sinks: Float[Array, " N"] | None) -> tuple[Array, Array]:
     """The running max m and sum l [T, K, G] of a softmax over no key yet: empty, or holding
     only the head's sink (m = sink, l = exp(0) = 1)."""
     if sinks is None:
@@ -265,7 +269,7 @@ def _initial_stats(stats_shape: tuple[int, ...], sinks: Float[Array, " N"] | Non
     return m_TKG, jnp.ones(stats_shape, jnp.float32)
 
 
-def _normalize(stats: tuple[Array, Array, Array]) -> tuple[Array, Array]:
+def normalize(stats: tuple[Array, Array, Array]) -> tuple[Array, Array]:
     """The softmax output acc / l and its log-sum-exp m + log(l). Tokens that see no key
     (padding) have acc == 0, and l == 0 unless sinks: they get 0, not NaN, and -inf."""
     m_TKG, l_TKG, acc_TKGHv = stats
@@ -275,22 +279,22 @@ def _normalize(stats: tuple[Array, Array, Array]) -> tuple[Array, Array]:
     return out_TKGHv, jnp.where(sees_keys, m_TKG + jnp.log(safe_l), -jnp.inf)
 
 
-def _online_softmax_step(
+def online_softmax_step(
     carry: tuple[Array, Array, Array],
     q_TKGH: Float[Array, "T K G H"],
     kv_chunk: tuple[Float[Array, "T L K H"], Float[Array, "T L K Hv"]],
     first_key: Int[Array, ""],
-    tokens: _TokenRows,
+    tokens: TokenRows,
     scoring: Scoring,
 ) -> tuple[Array, Array, Array]:
     """Folds one chunk of each token's own keys into the running statistics."""
     k_TLKH, v_TLKHv = kv_chunk
     s_TKGL = jnp.einsum("tkgh,tlkh->tkgl", q_TKGH, k_TLKH, preferred_element_type=jnp.float32)
-    is_visible = _visible_keys(first_key, k_TLKH.shape[1], tokens, scoring.sliding_window)
-    return _fold_chunk(carry, s_TKGL, is_visible, scoring, "tkgl,tlkv->tkgv", v_TLKHv)
+    is_visible = visible_keys(first_key, k_TLKH.shape[1], tokens, scoring.sliding_window)
+    return fold_chunk(carry, s_TKGL, is_visible, scoring, "tkgl,tlkv->tkgv", v_TLKHv)
 
 
-def _fold_chunk(
+def fold_chunk(
     carry: tuple[Array, Array, Array],
     s_TKGL: Float[Array, "T K G L"],
     is_visible: Bool[Array, "T L"],
@@ -314,8 +318,8 @@ def _fold_chunk(
     return m_new, l_new, acc_TKGHv * alpha[..., None] + pv_TKGHv
 
 
-def _visible_keys(
-    first_key: Int[Array, ""], num_keys: int, tokens: _TokenRows, sliding_window: int | None
+def visible_keys(
+    first_key: Int[Array, ""], num_keys: int, tokens: TokenRows, sliding_window: int | None
 ) -> Bool[Array, "T L"]:
     """Causal (end-aligned) and sliding-window visibility of one chunk's keys."""
     key_pos = first_key + jnp.arange(num_keys)
@@ -326,7 +330,7 @@ def _visible_keys(
     return is_visible
 
 
-def _visible_step_keys(tokens: _TokenRows, keys: _TokenRows, sliding_window: int | None) -> Bool[Array, "T L"]:
+def _visible_step_keys(tokens: TokenRows, keys: TokenRows, sliding_window: int | None) -> Bool[Array, "T L"]:
     """Which of a block of the step's own tokens, as keys, each query token sees: those of its
     own row, causal, within the sliding window."""
     query_pos, key_pos = tokens.position[:, None], keys.position[None, :]

@@ -1,0 +1,74 @@
+"""CpuBackend against the float64 dense oracle and the reference, on ragged paged batches
+whose blocks take each of its two paths: the row path (a block spans few rows) and the token
+path (many rows), with several chunks a row, sliding windows that skip whole chunks, soft caps
+and padding.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.helpers.attention_batches import BatchShape, dense_attention, make_batch, relative_error
+from vjx.attention.backend import default_backend_name, get_attention_backend
+from vjx.attention.cpu import CpuBackend
+from vjx.attention.reference import ReferenceBackend
+
+SHAPE = BatchShape(num_tokens=96, num_rows=12, num_heads=6, num_kv_heads=2, head_dim=16, page_size=4, max_model_len=160)
+SM_SCALE = 0.25
+# query_block 16, row_slots 2: a block of 1-2 rows takes the row path, of 3 or more the token path.
+BACKEND = CpuBackend(query_block=16, keys_per_chunk=8, row_slots=2)
+SCENARIOS = {
+    "decode_only": [(5, 1), (130, 1), (17, 1), (60, 1), (0, 1), (99, 1), (31, 1), (8, 1), (150, 1)],
+    "prefill_chunks": [(0, 40), (100, 37)],
+    "mixed": [(40, 1), (100, 20), (0, 30), (3, 2), (7, 3), (60, 1), (0, 6), (12, 1)],
+    "short_prompts": [(0, 7)] * 12,
+}
+
+
+@functools.partial(jax.jit, static_argnames=("backend", "sliding_window", "soft_cap"), donate_argnames="kv_cache")
+def _forward(backend, q, k, v, kv_cache, md, sliding_window, soft_cap):
+    return backend.forward(q, k, v, kv_cache, md, sm_scale=SM_SCALE, sliding_window=sliding_window, soft_cap=soft_cap)
+
+
+def _run(backend, batch, sliding_window=None, soft_cap=None) -> tuple[np.ndarray, np.ndarray]:
+    """The backend's output and written cache ([2, P, S, K, H]); the batch's NaN poison
+    outside the rows' keys is zeroed, since both jnp backends read whole chunks."""
+    q, k, v = (jnp.asarray(x) for x in (batch.q, batch.k, batch.v))
+    kv_cache = jnp.transpose(jnp.asarray(np.nan_to_num(batch.kv_cache)), (0, 2, 3, 1, 4))
+    out, written = _forward(backend, q, k, v, kv_cache, batch.md, sliding_window, soft_cap)
+    return np.asarray(out), np.asarray(written)
+
+
+@pytest.mark.parametrize(("window", "cap"), [(None, None), (11, 3.0)])
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_matches_dense_attention(scenario, window, cap):
+    batch = make_batch(SCENARIOS[scenario], SHAPE, seed=len(scenario))
+    out, _ = _run(BACKEND, batch, window, cap)
+    num_real = batch.real_tokens()
+    assert relative_error(out[:num_real], dense_attention(batch, SM_SCALE, window, cap)[:num_real]) < 1e-5
+    np.testing.assert_array_equal(out[num_real:], 0.0)
+
+
+def test_writes_the_cache_as_the_reference_does():
+    batch = make_batch(SCENARIOS["mixed"], SHAPE, seed=3)
+    out, written = _run(BACKEND, batch, 11)
+    expected_out, expected_written = _run(ReferenceBackend(keys_per_chunk=8), batch, 11)
+    np.testing.assert_array_equal(written, expected_written)
+    np.testing.assert_allclose(out, expected_out, rtol=1e-5, atol=1e-6)
+
+
+def test_default_sizes_match_the_reference():
+    """The serving sizes (128-token blocks and chunks): one block, all rows in it."""
+    batch = make_batch(SCENARIOS["mixed"], SHAPE, seed=4)
+    out, _ = _run(CpuBackend(), batch)
+    num_real = batch.real_tokens()
+    assert relative_error(out[:num_real], dense_attention(batch, SM_SCALE)[:num_real]) < 1e-5
+
+
+def test_is_the_cpu_default():
+    assert default_backend_name() == "cpu"
+    assert isinstance(get_attention_backend(None), CpuBackend)
+    assert get_attention_backend("reference").kv_cache_axes == CpuBackend.kv_cache_axes
