@@ -1,7 +1,7 @@
 """CpuBackend against the float64 dense oracle and the reference, on ragged paged batches
-whose blocks take each of its two paths: the row path (a block spans few rows) and the token
-path (many rows), with several chunks a row, sliding windows that skip whole chunks, soft caps
-and padding.
+that take each of its two paths: decode steps (one gather a chunk for all tokens) and any
+other step (blocks of queries walking their rows), with several chunks a row, blocks that
+span one row or many, sliding windows that skip whole chunks, soft caps and padding.
 """
 
 import functools
@@ -18,8 +18,7 @@ from vjx.attention.reference import ReferenceBackend
 
 SHAPE = BatchShape(num_tokens=96, num_rows=12, num_heads=6, num_kv_heads=2, head_dim=16, page_size=4, max_model_len=160)
 SM_SCALE = 0.25
-# query_block 16, row_slots 2: a block of 1-2 rows takes the row path, of 3 or more the token path.
-BACKEND = CpuBackend(query_block=16, keys_per_chunk=8, row_slots=2)
+BACKEND = CpuBackend(query_block=16, keys_per_chunk=8)
 SCENARIOS = {
     "decode_only": [(5, 1), (130, 1), (17, 1), (60, 1), (0, 1), (99, 1), (31, 1), (8, 1), (150, 1)],
     "prefill_chunks": [(0, 40), (100, 37)],
@@ -61,7 +60,7 @@ def test_writes_the_cache_as_the_reference_does():
 
 
 def test_default_sizes_match_the_reference():
-    """The serving sizes (128-token blocks and chunks): one block, all rows in it."""
+    """The serving sizes (16-token blocks, 128-key chunks)."""
     batch = make_batch(SCENARIOS["mixed"], SHAPE, seed=4)
     out, _ = _run(CpuBackend(), batch)
     num_real = batch.real_tokens()

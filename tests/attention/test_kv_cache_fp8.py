@@ -38,7 +38,7 @@ REQUESTS = [(20, 1), (50, 30), (0, 12), (100, 1)]
 SM_SCALE = 0.125
 BACKENDS = {
     "reference": ReferenceBackend(),
-    "cpu": CpuBackend(query_block=16, keys_per_chunk=32, row_slots=2),
+    "cpu": CpuBackend(query_block=16, keys_per_chunk=32),
     "pallas_gpu": PallasGpuBackend(
         tuning=AttentionTuning(
             decode=KernelTuning(block_k=16), prefill=KernelTuning(block_m=32, block_k=16), decode_programs=8

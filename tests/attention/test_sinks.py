@@ -31,7 +31,7 @@ SM_SCALE = 0.5
 SINKS = np.linspace(-4.0, 10.0, SHAPE.num_heads, dtype=np.float32)
 BACKENDS = {
     "reference": ReferenceBackend(keys_per_chunk=32),  # several chunks per row
-    "cpu": CpuBackend(query_block=16, keys_per_chunk=32, row_slots=2),  # both of its paths
+    "cpu": CpuBackend(query_block=16, keys_per_chunk=32),  # both of its paths
     "pallas_gpu": PallasGpuBackend(
         tuning=AttentionTuning(
             decode=KernelTuning(block_k=16),

@@ -32,7 +32,7 @@ from vjx.attention.metadata import AttentionMetadata
 from vjx.kernels.kv_quant import dequantize, is_quantized, kv_scales, quantize
 
 # Finite, so a fully masked chunk gives exp(0) * 0 instead of inf - inf = NaN.
-_MASK_VALUE = -1e30
+MASK_VALUE = -1e30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,14 +201,17 @@ def check_scoring(sliding_window: int | None, soft_cap: float | None) -> None:
 def paged_kv_reader(kv_cache: Float[Array, "2 P S K H"], scales: Float[Array, "2"] | None, dtype: DTypeLike) -> PagedKV:
     """The `[2, P, S, K, H]` cache's reader; an fp8 chunk is dequantized to `dtype` as it is read."""
     _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
-    chunk_scales = None if scales is None else scales.reshape(2, 1, 1, 1, 1)
+    scales = (None, None) if scales is None else scales
 
     def read_chunk(pages_TC):
         num_tokens, num_pages = pages_TC.shape
-        kv_2TLKH = kv_cache[:, pages_TC].reshape(2, num_tokens, num_pages * block_size, num_kv_heads, head_dim)
+        # Keys and values in two gathers: XLA:CPU copies one [2, ...] gather at half the speed.
+        k_TLKH, v_TLKH = (
+            kv_cache[i][pages_TC].reshape(num_tokens, num_pages * block_size, num_kv_heads, head_dim) for i in (0, 1)
+        )
         if is_quantized(kv_cache.dtype):
-            kv_2TLKH = dequantize(kv_2TLKH, chunk_scales, dtype)
-        return kv_2TLKH[0], kv_2TLKH[1]
+            k_TLKH, v_TLKH = (dequantize(x, s, dtype) for x, s in ((k_TLKH, scales[0]), (v_TLKH, scales[1])))
+        return k_TLKH, v_TLKH
 
     return PagedKV(read_chunk, block_size, num_kv_heads, head_dim)
 
@@ -264,7 +267,7 @@ def initial_stats(stats_shape: tuple[int, ...], sinks: Float[Array, " N"] | None
     """The running max m and sum l [T, K, G] of a softmax over no key yet: empty, or holding
     only the head's sink (m = sink, l = exp(0) = 1)."""
     if sinks is None:
-        return jnp.full(stats_shape, _MASK_VALUE, jnp.float32), jnp.zeros(stats_shape, jnp.float32)
+        return jnp.full(stats_shape, MASK_VALUE, jnp.float32), jnp.zeros(stats_shape, jnp.float32)
     m_TKG = jnp.broadcast_to(sinks.astype(jnp.float32).reshape(stats_shape[1:]), stats_shape)
     return m_TKG, jnp.ones(stats_shape, jnp.float32)
 
@@ -309,7 +312,7 @@ def fold_chunk(
     if scoring.soft_cap is not None:
         s_TKGL = scoring.soft_cap * jnp.tanh(s_TKGL / scoring.soft_cap)
     is_visible = is_visible[:, None, None, :]
-    s_TKGL = jnp.where(is_visible, s_TKGL, _MASK_VALUE)
+    s_TKGL = jnp.where(is_visible, s_TKGL, MASK_VALUE)
     m_new = jnp.maximum(m_TKG, s_TKGL.max(axis=-1))
     p_TKGL = jnp.where(is_visible, jnp.exp(s_TKGL - m_new[..., None]), 0.0)
     alpha = jnp.exp(m_TKG - m_new)
