@@ -17,7 +17,7 @@ _NEUTRAL = dict(
     frequency_penalty=(0.0, np.float32),
     repetition_penalty=(1.0, np.float32),
     num_prompt_tokens=(0, np.int32),
-    num_tokens=(0, np.int32),
+    num_tokens=(1, np.int32),  # a real row (0 marks a padding row)
     has_logit_bias=(False, np.bool_),
     is_below_min_tokens=(False, np.bool_),
 )

@@ -95,7 +95,7 @@ def test_frequency_and_presence_count_only_the_output():
 def test_penalties_run_only_when_a_real_row_has_one():
     assert not bool(has_penalties(_history_md(_HISTORIES)))
     assert bool(has_penalties(_history_md(_HISTORIES, frequency_penalty=[0, 0, 0, 0, 0, 0.1])))
-    padding = make_metadata(4, V, repetition_penalty=0.0, presence_penalty=1.0)
+    padding = make_metadata(4, V, num_tokens=0, repetition_penalty=0.0, presence_penalty=1.0)
     assert not bool(has_penalties(padding))
 
 

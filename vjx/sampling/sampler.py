@@ -44,7 +44,8 @@ def sample(logits: Float[Array, "R V"], md: SamplingMetadata) -> Int[Array, " R"
       b. penalties on the float32 logits: repetition (tokens of prompt or output), then
          frequency and presence (tokens of the output);
       c. greedy rows (temperature < 1e-5) take the argmax of THESE processed logits,
-         exactly; with `md.all_greedy` (static) that ends the program;
+         exactly; with `md.all_greedy` (static) that ends the program, and on the CPU a
+         batch whose real rows are all greedy ends there at run time;
       d. the others divide the processed logits by their temperature,
       e. keep the tokens that min-p keeps (probability >= min_p x the largest), top-k keeps
          (every logit >= the k-th largest, ties kept; `top_k` 0 or >= V keeps all), and
@@ -60,7 +61,18 @@ def sample(logits: Float[Array, "R V"], md: SamplingMetadata) -> Int[Array, " R"
         return _greedy(logits, md)
     processed_RV = apply_logits_processors(logits, md)
     is_greedy_R = md.temperature < _SAMPLING_EPS
-    return jnp.where(is_greedy_R, _argmax(processed_RV), _draw(processed_RV, md))
+    greedy_R = _argmax(processed_RV)
+
+    def with_draws():
+        return jnp.where(is_greedy_R, greedy_R, _draw(processed_RV, md))
+
+    if jax.default_backend() != "cpu":
+        return with_draws()
+    # On the CPU the draw's Gumbel noise over [R, V] costs more than the rest of a small
+    # model's step (SmolLM2, 64 rows: ~50 ms); a conditional costs nothing there (on a GPU it
+    # would read its predicate on the host), so a batch of greedy rows skips it.
+    has_draws = jnp.any(~is_greedy_R & (md.num_tokens > 0))
+    return lax.cond(has_draws, with_draws, lambda: greedy_R)
 
 
 def apply_logits_processors(logits: Float[Array, "R V"], md: SamplingMetadata) -> Float[Array, "R V"]:
