@@ -6,13 +6,16 @@ Legend: as vjx/attention/reference.py; B query tokens of one block (`query_block
 The reference gathers, for every query token, the pages of its own row: a 128-token prefill
 chunk reads its row's keys 128 times, and XLA:CPU's gather copies at a fraction of the memory
 bandwidth. Here the step's tokens go in blocks of B consecutive tokens (a row's tokens are
-contiguous, so a block covers a run of rows), and a block walks its rows one by one: each
-chunk of a row's pages is read once, and the block's B queries are scored against it with
-one GEMM, masked to that row's queries. A decode row (one query) so scores B - 1 queries it
-then masks, which costs less than the gather it saves for B up to about 16 (measured with
-SmolLM2's shapes on 2 cores: a batch-64 decode and a 1024-token prefill both within 30% of
-their best block size); the walk of each row runs from its earliest visible key (the sliding
-window's start) to its furthest one, so a block of fresh prompts reads no other cached page.
+contiguous, so a block covers a run of rows), and each block takes one of two paths:
+- a block of at most `row_slots` rows (prefill chunks) walks them one by one: each chunk of a
+  row's pages is read once, and the block's B queries are scored against it with one GEMM,
+  masked to that row's queries;
+- a block of more rows (decode rows, short prompts) gathers each token's own chunk, the
+  whole block in one gather, as the reference does: walking 16 one-token rows costs a
+  small GEMM and a small gather a row, which XLA:CPU runs at a fraction of its speed
+  (SmolLM2's shapes on 2 cores: 64 decode rows walked took 3x the gather's time).
+Either way a row's chunks run from its earliest visible key (the sliding window's start) to
+its furthest one, so a block of fresh prompts reads no other cached page.
 """
 
 import dataclasses
@@ -22,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from vjx.attention.metadata import AttentionMetadata, is_decode_only
+from vjx.attention.metadata import AttentionMetadata
 from vjx.attention.reference import (
     MASK_VALUE,
     PagedKV,
@@ -82,11 +85,13 @@ class CpuBackend:
 
     name: ClassVar[str] = "cpu"
     kv_cache_axes: ClassVar[tuple[str | None, ...]] = ReferenceBackend.kv_cache_axes
-    query_block: int = 16
+    query_block: int = 32
     """B: query tokens scored together (a block's first token is real: blocks past the last
     real token are not walked)."""
     keys_per_chunk: int = 128
     """Keys (pages * page size) of a row read in one step of the softmax loop."""
+    row_slots: int = 4
+    """The most rows a block may span and still walk them one by one."""
 
     def kv_cache_shape(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
         return ReferenceBackend().kv_cache_shape(num_blocks, block_size, num_kv_heads, head_dim)
@@ -124,38 +129,31 @@ class CpuBackend:
         q_TKGH = q_TKGH.reshape(padded, num_kv_heads, num_heads // num_kv_heads, head_dim)
         tokens = token_rows(md, padded)
 
-        out = jax.lax.cond(
-            is_decode_only(md),
-            lambda: _attend_tokens(walk, q_TKGH, tokens),
-            lambda: _attend_blocks(walk, q_TKGH, tokens, md, block),
-        )
+        def block_step(index, out_TKGHv):
+            start = index * block
+            q_BKGH = jax.lax.dynamic_slice_in_dim(q_TKGH, start, block)
+            fields = (tokens.row, tokens.position, tokens.is_valid)
+            block_tokens = TokenRows(*(jax.lax.dynamic_slice_in_dim(x, start, block) for x in fields))
+            first_row = block_tokens.row[0]
+            num_rows = jnp.max(jnp.where(block_tokens.is_valid, block_tokens.row, first_row)) - first_row + 1
+            stats = jax.lax.cond(
+                num_rows <= self.row_slots,
+                lambda: _walk_rows(walk, q_BKGH, block_tokens, num_rows),
+                lambda: _gather_tokens(walk, q_BKGH, block_tokens),
+            )
+            out_BKGHv, _ = normalize(stats)
+            return jax.lax.dynamic_update_slice_in_dim(out_TKGHv, out_BKGHv.astype(q.dtype), start, 0)
+
+        out = jnp.zeros((padded, num_kv_heads, num_heads // num_kv_heads, value_dim), q.dtype)
+        num_blocks = -(-md.query_start_loc[md.num_seqs[0]] // block)
+        out = jax.lax.fori_loop(0, num_blocks, block_step, out)
         return out[:num_tokens].reshape(num_tokens, num_heads, value_dim)
 
 
-def _attend_blocks(
-    walk: _Walk, q_TKGH: Float[Array, "T K G H"], tokens: TokenRows, md: AttentionMetadata, block: int
-) -> Float[Array, "T K G Hv"]:
-    """Any step: blocks of `block` tokens, each walking its rows (`_walk_rows`)."""
-
-    def block_step(index, out_TKGHv):
-        start = index * block
-        q_BKGH = jax.lax.dynamic_slice_in_dim(q_TKGH, start, block)
-        fields = (tokens.row, tokens.position, tokens.is_valid)
-        block_tokens = TokenRows(*(jax.lax.dynamic_slice_in_dim(x, start, block) for x in fields))
-        stats = _walk_rows(walk, q_BKGH, block_tokens)
-        out_BKGHv, _ = normalize(stats)
-        return jax.lax.dynamic_update_slice_in_dim(out_TKGHv, out_BKGHv.astype(q_TKGH.dtype), start, 0)
-
-    out = jnp.zeros((*q_TKGH.shape[:3], walk.paged_kv.value_dim), q_TKGH.dtype)
-    num_blocks = -(-md.query_start_loc[md.num_seqs[0]] // block)
-    return jax.lax.fori_loop(0, num_blocks, block_step, out)
-
-
-def _walk_rows(walk: _Walk, q_BKGH: Float[Array, "B K G H"], tokens: TokenRows) -> _Stats:
-    """Reads each chunk of the block's rows once and scores every query of the block against
-    it, masked to the queries of that row."""
+def _walk_rows(walk: _Walk, q_BKGH: Float[Array, "B K G H"], tokens: TokenRows, num_rows: Int[Array, ""]) -> _Stats:
+    """A block of few rows: reads each chunk of its rows once and scores every query of the
+    block against it, masked to the queries of that row."""
     first_row = tokens.row[0]
-    num_rows = jnp.max(jnp.where(tokens.is_valid, tokens.row, first_row)) - first_row + 1
     keys_per_chunk = walk.keys_per_chunk
 
     def row_step(offset, carry):
@@ -176,23 +174,22 @@ def _walk_rows(walk: _Walk, q_BKGH: Float[Array, "B K G H"], tokens: TokenRows) 
     return jax.lax.fori_loop(0, num_rows, row_step, walk.initial(q_BKGH))
 
 
-def _attend_tokens(walk: _Walk, q_TKGH: Float[Array, "T K G H"], tokens: TokenRows) -> Float[Array, "T K G Hv"]:
-    """A decode step (one query a row): every token reads its own row's chunks, all tokens in
-    one gather a chunk, and scores them as a product and a sum over H (XLA:CPU runs that
-    fused; a batched [G, H] x [H, L] GEMM a token is several times slower)."""
+def _gather_tokens(walk: _Walk, q_BKGH: Float[Array, "B K G H"], tokens: TokenRows) -> _Stats:
+    """A block of many rows (decode rows): every token reads its own row's chunks, the whole
+    block in one gather a chunk, and scores them as a product and a sum over H (a batched
+    [G, H] x [H, L] GEMM a token runs several times slower on XLA:CPU)."""
 
     def chunk_step(chunk, carry):
         first_page = chunk * walk.pages_per_chunk
-        pages_TC = jax.lax.dynamic_slice_in_dim(walk.block_tables, first_page, walk.pages_per_chunk, axis=1)
-        k_TLKH, v_TLKHv = walk.paged_kv.read_chunk(pages_TC[tokens.row])
-        q_T1KGH = q_TKGH[:, None].astype(jnp.float32)
-        s_TLKG = jnp.sum(q_T1KGH * k_TLKH[:, :, :, None, :].astype(jnp.float32), axis=-1)
+        pages_RC = jax.lax.dynamic_slice_in_dim(walk.block_tables, first_page, walk.pages_per_chunk, axis=1)
+        k_BLKH, v_BLKHv = walk.paged_kv.read_chunk(pages_RC[tokens.row])
+        q_B1KGH = q_BKGH[:, None].astype(jnp.float32)
+        s_BLKG = jnp.sum(q_B1KGH * k_BLKH[:, :, :, None, :].astype(jnp.float32), axis=-1)
         is_visible = visible_keys(chunk * walk.keys_per_chunk, walk.keys_per_chunk, tokens, walk.scoring.sliding_window)
-        return _fold_keys_major(carry, s_TLKG, is_visible, walk.scoring, v_TLKHv)
+        return _fold_keys_major(carry, s_BLKG, is_visible, walk.scoring, v_BLKHv)
 
     first, end = walk.chunk_range(tokens)
-    out_TKGHv, _ = normalize(jax.lax.fori_loop(first, end, chunk_step, walk.initial(q_TKGH)))
-    return out_TKGHv.astype(q_TKGH.dtype)
+    return jax.lax.fori_loop(first, end, chunk_step, walk.initial(q_BKGH))
 
 
 def _fold_keys_major(
