@@ -360,6 +360,7 @@ class EngineArgs(VllmCompatArgs):
         if self.nnodes == 1 or jax.distributed.is_initialized():
             device_groups(parallel_config)
         speculative_config = self._speculative_config(model_config)
+        scheduler_config = self._scheduler_config(max_model_len, speculative_config)
         return VjxConfig(
             model_config=model_config,
             cache_config=CacheConfig(
@@ -371,9 +372,9 @@ class EngineArgs(VllmCompatArgs):
                 prefix_caching_hash_algo=self.prefix_caching_hash_algo,
                 cache_dtype=self.kv_cache_dtype,
             ),
-            scheduler_config=self._scheduler_config(max_model_len, speculative_config),
+            scheduler_config=scheduler_config,
             parallel_config=parallel_config,
-            attention_backend=self.attention_backend or default_backend_name(),
+            attention_backend=self.attention_backend or default_backend_name(scheduler_config.max_num_batched_tokens),
             multiprocess=self._multiprocess(),
             structured_outputs_config=StructuredOutputsConfig(reasoning_parser=self.reasoning_parser),
             profile_host=self.profile_host,

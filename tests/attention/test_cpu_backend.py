@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 from tests.helpers.attention_batches import BatchShape, dense_attention, make_batch, relative_error
+from tests.helpers.tiny_llama import ENGINE_ARGS, PROMPTS, save_tiny_llama, transformers_logprobs
+from vjx import LLM, SamplingParams
 from vjx.attention.backend import default_backend_name, get_attention_backend
 from vjx.attention.cpu import CpuBackend
 from vjx.attention.reference import ReferenceBackend
@@ -67,7 +69,32 @@ def test_default_sizes_match_the_reference():
     assert relative_error(out[:num_real], dense_attention(batch, SM_SCALE)[:num_real]) < 1e-5
 
 
-def test_is_the_cpu_default():
-    assert default_backend_name() == "cpu"
+def test_is_the_cpu_default_at_serving_budgets():
+    assert default_backend_name() == default_backend_name(512) == "cpu"
+    assert default_backend_name(256) == "reference"
     assert isinstance(get_attention_backend(None), CpuBackend)
     assert get_attention_backend("reference").kv_cache_axes == CpuBackend.kv_cache_axes
+
+
+def test_engine_generates_like_transformers(tmp_path):
+    """A tiny engine on the CPU backend (12 requests: blocks of a few prefill rows walk them,
+    blocks of the decode rows gather) against transformers' float32 model: greedy tokens
+    equal, or at the first difference each side's token in the other's top 5; up to there
+    the top-5 logprobs within 1e-3."""
+    hf_model = save_tiny_llama(tmp_path, 2, seed=2)
+    prompts = PROMPTS + [{"prompt_token_ids": [(5 * i + j) % 290 + 2 for j in range(3 + i)]} for i in range(8)]
+    args = dict(ENGINE_ARGS, max_num_seqs=12, max_num_batched_tokens=64, num_gpu_blocks_override=64)
+    llm = LLM(str(tmp_path), attention_backend="cpu", **args)
+    worker = llm.llm_engine.engine_core.engine_core.model_executor.worker
+    assert isinstance(worker.backend, CpuBackend)
+    params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=5, ignore_eos=True)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    llm.shutdown()
+    for prompt, output in zip(prompts, outputs, strict=True):
+        got = output.outputs[0]
+        expected = transformers_logprobs(hf_model, prompt["prompt_token_ids"], list(got.token_ids))
+        for token, top, want in zip(got.token_ids, got.logprobs, expected, strict=True):
+            np.testing.assert_allclose([lp.logprob for lp in top.values()], want[list(top)], atol=1e-3)
+            if token != want.argmax():
+                assert want.argmax() in top and token in np.argsort(want)[-5:]
+                break

@@ -13,11 +13,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 from flax import nnx
 
 from tests.helpers.attention_batches import BatchShape, dense_attention, make_batch, relative_error
-from tests.helpers.tiny_llama import ENGINE_ARGS, PROMPTS, save_tiny_llama
+from tests.helpers.tiny_llama import ENGINE_ARGS, PROMPTS, save_tiny_llama, transformers_logprobs
 from tests.helpers.tpu_layout import from_gpu_layout
 from vjx import LLM, EngineArgs, SamplingParams
 from vjx.attention.cpu import CpuBackend
@@ -292,14 +291,6 @@ def test_unknown_kv_cache_dtype_is_refused(value):
         EngineArgs(kv_cache_dtype=value)
 
 
-def _transformers_logprobs(hf_model, prompt_ids: list[int], output_ids: list[int]) -> np.ndarray:
-    """The float32 transformers model's log-probabilities of the token after each prefix of
-    `output_ids` (one forward pass over the whole sequence)."""
-    with torch.no_grad():
-        logits = hf_model(torch.tensor([prompt_ids + output_ids])).logits[0, len(prompt_ids) - 1 : -1]
-    return torch.log_softmax(logits.double(), -1).numpy()
-
-
 def test_engine_with_an_fp8_cache_generates_like_transformers(tiny_llama):
     """One tiny engine (float32 model, fp8 cache, chunked prefills and decodes mixed) against
     transformers' float32 model: greedy tokens equal, or at the first difference each side's
@@ -313,7 +304,7 @@ def test_engine_with_an_fp8_cache_generates_like_transformers(tiny_llama):
     llm.shutdown()
     for prompt, output in zip(PROMPTS, outputs, strict=True):
         got = output.outputs[0]
-        expected = _transformers_logprobs(hf_model, prompt["prompt_token_ids"], list(got.token_ids))
+        expected = transformers_logprobs(hf_model, prompt["prompt_token_ids"], list(got.token_ids))
         for token, top, want in zip(got.token_ids, got.logprobs, expected, strict=True):
             np.testing.assert_allclose([lp.logprob for lp in top.values()], want[list(top)], atol=0.5)
             if token != want.argmax():

@@ -73,3 +73,11 @@ def save_tiny_llama(path, num_kv_heads: int, seed: int = 0, **overrides) -> tran
     hf_model.save_pretrained(path)
     make_tokenizer().save_pretrained(path)
     return hf_model
+
+
+def transformers_logprobs(hf_model, prompt_ids: list[int], output_ids: list[int]):
+    """The float32 transformers model's float64 log-probabilities [len(output_ids), V] of the
+    token after each prefix of `output_ids` (one forward pass over the whole sequence)."""
+    with torch.no_grad():
+        logits = hf_model(torch.tensor([prompt_ids + output_ids])).logits[0, len(prompt_ids) - 1 : -1]
+    return torch.log_softmax(logits.double(), -1).numpy()

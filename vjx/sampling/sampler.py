@@ -45,7 +45,7 @@ def sample(logits: Float[Array, "R V"], md: SamplingMetadata) -> Int[Array, " R"
          frequency and presence (tokens of the output);
       c. greedy rows (temperature < 1e-5) take the argmax of THESE processed logits,
          exactly; with `md.all_greedy` (static) that ends the program, and on the CPU a
-         batch whose real rows are all greedy ends there at run time;
+         batch whose real rows are all greedy ends there at run time (with `may_filter`);
       d. the others divide the processed logits by their temperature,
       e. keep the tokens that min-p keeps (probability >= min_p x the largest), top-k keeps
          (every logit >= the k-th largest, ties kept; `top_k` 0 or >= V keeps all), and
@@ -66,11 +66,12 @@ def sample(logits: Float[Array, "R V"], md: SamplingMetadata) -> Int[Array, " R"
     def with_draws():
         return jnp.where(is_greedy_R, greedy_R, _draw(processed_RV, md))
 
-    if jax.default_backend() != "cpu":
+    if jax.default_backend() != "cpu" or not md.may_filter:
         return with_draws()
     # On the CPU the draw's Gumbel noise over [R, V] costs more than the rest of a small
     # model's step (SmolLM2, 64 rows: ~50 ms); a conditional costs nothing there (on a GPU it
-    # would read its predicate on the host), so a batch of greedy rows skips it.
+    # would read its predicate on the host), so a batch of greedy rows skips it. A program
+    # without run-time checks (`may_filter` False, the PLAIN variant) gets none.
     has_draws = jnp.any(~is_greedy_R & (md.num_tokens > 0))
     return lax.cond(has_draws, with_draws, lambda: greedy_R)
 
