@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.attention_batches import BatchShape, dense_attention, make_batch, relative_error
-from tests.helpers.tiny_llama import ENGINE_ARGS, PROMPTS, save_tiny_llama, transformers_logprobs
+from tests.helpers.tiny_llama import ENGINE_ARGS, PROMPTS, assert_greedy_like_transformers, save_tiny_llama
 from vjx import LLM, SamplingParams
 from vjx.attention.backend import default_backend_name, get_attention_backend
 from vjx.attention.cpu import CpuBackend
@@ -90,11 +90,4 @@ def test_engine_generates_like_transformers(tmp_path):
     params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=5, ignore_eos=True)
     outputs = llm.generate(prompts, params, use_tqdm=False)
     llm.shutdown()
-    for prompt, output in zip(prompts, outputs, strict=True):
-        got = output.outputs[0]
-        expected = transformers_logprobs(hf_model, prompt["prompt_token_ids"], list(got.token_ids))
-        for token, top, want in zip(got.token_ids, got.logprobs, expected, strict=True):
-            np.testing.assert_allclose([lp.logprob for lp in top.values()], want[list(top)], atol=1e-3)
-            if token != want.argmax():
-                assert want.argmax() in top and token in np.argsort(want)[-5:]
-                break
+    assert_greedy_like_transformers(hf_model, prompts, outputs, atol=1e-3)

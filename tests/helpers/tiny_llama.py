@@ -7,6 +7,7 @@ so that logits are O(1) (HF's std-0.02 init gives near ties), and the vocabulary
 multiple of 8) stays inside the test tokenizer's 300 ids.
 """
 
+import numpy as np
 import torch
 import transformers
 
@@ -81,3 +82,17 @@ def transformers_logprobs(hf_model, prompt_ids: list[int], output_ids: list[int]
     with torch.no_grad():
         logits = hf_model(torch.tensor([prompt_ids + output_ids])).logits[0, len(prompt_ids) - 1 : -1]
     return torch.log_softmax(logits.double(), -1).numpy()
+
+
+def assert_greedy_like_transformers(hf_model, prompts, outputs, atol: float) -> None:
+    """vjx's greedy outputs (with 5 logprobs) against the float32 transformers model: tokens
+    equal, or at the first difference each side's token in the other's top 5; up to there
+    the top-5 logprobs within `atol`."""
+    for prompt, output in zip(prompts, outputs, strict=True):
+        got = output.outputs[0]
+        expected = transformers_logprobs(hf_model, prompt["prompt_token_ids"], list(got.token_ids))
+        for token, top, want in zip(got.token_ids, got.logprobs, expected, strict=True):
+            np.testing.assert_allclose([lp.logprob for lp in top.values()], want[list(top)], atol=atol)
+            if token != want.argmax():
+                assert want.argmax() in top and token in np.argsort(want)[-5:]
+                break

@@ -32,17 +32,13 @@ from vjx.attention.reference import (
     ReferenceBackend,
     Scoring,
     TokenRows,
-    check_scoring,
     fold_chunk,
     initial_stats,
     normalize,
     pad_width,
-    paged_kv_reader,
     token_rows,
     visible_keys,
-    write_kv,
 )
-from vjx.kernels.kv_quant import kv_scales
 
 _Stats = tuple[Array, Array, Array]
 
@@ -80,45 +76,29 @@ class _Walk:
 
 
 @dataclasses.dataclass(frozen=True)
-class CpuBackend:
-    """Ragged paged attention in jnp, by blocks of queries, for XLA:CPU; hashable (a static field)."""
+class CpuBackend(ReferenceBackend):
+    """Ragged paged attention in jnp, by blocks of queries, for XLA:CPU: the reference's
+    cache, write and checks, its own walk; hashable (a static field)."""
 
     name: ClassVar[str] = "cpu"
-    kv_cache_axes: ClassVar[tuple[str | None, ...]] = ReferenceBackend.kv_cache_axes
     query_block: int = 32
     """B: query tokens scored together (a block's first token is real: blocks past the last
-    real token are not walked)."""
-    keys_per_chunk: int = 128
-    """Keys (pages * page size) of a row read in one step of the softmax loop."""
+    real token are not walked). `keys_per_chunk`: keys of a row read in one step of the loop."""
     row_slots: int = 4
     """The most rows a block may span and still walk them one by one."""
 
-    def kv_cache_shape(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
-        return ReferenceBackend().kv_cache_shape(num_blocks, block_size, num_kv_heads, head_dim)
-
-    def forward(
+    def attend(
         self,
         q: Float[Array, "T N H"],
-        k: Float[Array, "T K H"],
-        v: Float[Array, "T K H"],
-        kv_cache: Float[Array, "2 P S K H"],
+        paged_kv: PagedKV,
         md: AttentionMetadata,
-        *,
-        sm_scale: float,
-        sliding_window: int | None = None,
-        soft_cap: float | None = None,
-        k_scale: Float[Array, ""] | None = None,
-        v_scale: Float[Array, ""] | None = None,
+        scoring: Scoring,
         sinks: Float[Array, " N"] | None = None,
-    ) -> tuple[Float[Array, "T N H"], Float[Array, "2 P S K H"]]:
-        """Writes k/v at `md.slot_mapping`, then attends every token to its row's keys."""
-        check_scoring(sliding_window, soft_cap)
-        kv_cache = write_kv(kv_cache, k, v, md.slot_mapping, k_scale, v_scale)
-        paged_kv = paged_kv_reader(kv_cache, kv_scales(k_scale, v_scale), q.dtype)
+    ) -> Float[Array, "T N Hv"]:
+        """Attends every token to its row's keys (already written), a block of queries at a time."""
         pages_per_chunk = max(1, self.keys_per_chunk // paged_kv.block_size)
         block_tables = pad_width(md.block_tables, pages_per_chunk)
-        walk = _Walk(paged_kv, block_tables, Scoring(sm_scale, sliding_window, soft_cap), sinks, pages_per_chunk)
-        return self._attend(q, md, walk), kv_cache
+        return self._attend(q, md, _Walk(paged_kv, block_tables, scoring, sinks, pages_per_chunk))
 
     def _attend(self, q: Float[Array, "T N H"], md: AttentionMetadata, walk: _Walk) -> Float[Array, "T N Hv"]:
         num_tokens, num_heads, head_dim = q.shape
