@@ -156,8 +156,9 @@ def _walk_rows(walk: _Walk, q_BKGH: Float[Array, "B K G H"], tokens: TokenRows, 
 
 def _gather_tokens(walk: _Walk, q_BKGH: Float[Array, "B K G H"], tokens: TokenRows) -> _Stats:
     """A block of many rows (decode rows): every token reads its own row's chunks, the whole
-    block in one gather a chunk, and scores them as a product and a sum over H (a batched
-    [G, H] x [H, L] GEMM a token runs several times slower on XLA:CPU)."""
+    block in one gather a chunk, and scores them as a product and a sum over H, keys before
+    heads (XLA:CPU lowers it to the same batched dot as the reference's einsum: 0.69 vs 0.74
+    ms for 32 tokens x 128 keys of SmolLM2's heads on 2 cores)."""
 
     def chunk_step(chunk, carry):
         first_page = chunk * walk.pages_per_chunk
