@@ -11,6 +11,12 @@ from typing import Any
 from vjx.lora.config import LoRAConfig
 from vjx.models import generation_config as gen_config
 
+CPU_MAX_NUM_BATCHED_TOKENS = 512
+"""The CPU's default token budget: CPU compiles are slow (2 cores in CI), and a small budget
+keeps the bucket set small. The CPU's serving paths (decode buckets, the blocked attention
+backend) start at it; below it (a test's engine, a toy one) their compile time costs more than
+they save."""
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:

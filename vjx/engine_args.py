@@ -17,6 +17,7 @@ import transformers
 
 from vjx.attention.backend import default_backend_name
 from vjx.config import (
+    CPU_MAX_NUM_BATCHED_TOKENS,
     CacheConfig,
     ModelConfig,
     ParallelConfig,
@@ -46,9 +47,8 @@ _LOAD_FORMATS = ("auto", "safetensors", "dummy", "orbax")
 _BLOCK_SIZES = (8, 16, 32, 64, 128)
 _POLICIES = ("fcfs", "priority")
 _HASH_ALGOS = ("sha256", "blake2b")
-# CPU compiles are slow (2 cores in CI): a smaller default token budget keeps the bucket set
-# small. Accelerators take vLLM's offline default.
-_DEFAULT_BATCHED_TOKENS = {"cpu": 512}
+# Accelerators take vLLM's offline default.
+_DEFAULT_BATCHED_TOKENS = {"cpu": CPU_MAX_NUM_BATCHED_TOKENS}
 _DEFAULT_BATCHED_TOKENS_ACCEL = 8192
 # Without chunked prefill a whole prompt must fit the budget (vLLM's floor).
 _MIN_UNCHUNKED_BATCHED_TOKENS = 2048

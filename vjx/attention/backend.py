@@ -6,6 +6,7 @@ import jax
 from jaxtyping import Array, Float
 
 from vjx.attention.metadata import AttentionMetadata
+from vjx.config import CPU_MAX_NUM_BATCHED_TOKENS
 
 
 @runtime_checkable
@@ -55,10 +56,6 @@ class AttentionBackend(Protocol):
 
 
 _PLATFORM_DEFAULTS = {"gpu": "pallas_gpu", "tpu": "pallas_tpu", "cpu": "cpu"}
-_CPU_BLOCKED_MIN_BUDGET = 512
-"""Below this token budget (a test's engine, a toy one) no step holds a long prefill chunk,
-and the CPU backend's two paths cost twice the reference's compile time (0.7 s more a
-compiled step for a 4-layer model, 2.4 s for SmolLM2's 30 layers): the reference serves."""
 
 
 def _backends() -> dict[str, type]:
@@ -74,9 +71,11 @@ def _backends() -> dict[str, type]:
 def default_backend_name(max_num_batched_tokens: int | None = None) -> str:
     """The platform's backend: Pallas kernels on GPU and TPU; on the CPU the blocked jnp
     backend at serving budgets (`max_num_batched_tokens` >= 512, the CPU's default, or None),
-    the reference below them."""
+    the reference below them: no step of theirs holds a long prefill chunk, and the CPU
+    backend's two paths cost twice the reference's compile time (0.7 s more a compiled step
+    for a 4-layer model, 2.4 s for SmolLM2's 30 layers)."""
     name = _PLATFORM_DEFAULTS.get(jax.default_backend(), "reference")
-    if name == "cpu" and max_num_batched_tokens is not None and max_num_batched_tokens < _CPU_BLOCKED_MIN_BUDGET:
+    if name == "cpu" and max_num_batched_tokens is not None and max_num_batched_tokens < CPU_MAX_NUM_BATCHED_TOKENS:
         return "reference"
     return name
 

@@ -185,7 +185,7 @@ class ReferenceBackend:
         stats_shape = q_TKGH.shape[:-1]
         init = (*initial_stats(stats_shape, sinks), jnp.zeros((*stats_shape, paged_kv.value_dim), jnp.float32))
         max_chunks = block_tables.shape[1] // pages_per_chunk
-        num_chunks = _num_chunks(tokens, pages_per_chunk * block_size, max_chunks)
+        num_chunks = chunk_end(tokens, pages_per_chunk * block_size, max_chunks)
         out_TKGHv, lse_TKG = normalize(jax.lax.fori_loop(0, num_chunks, chunk_step, init))
         out = out_TKGHv.reshape(num_tokens, num_heads, paged_kv.value_dim).astype(q.dtype)
         return out, lse_TKG.reshape(num_tokens, num_heads)
@@ -256,7 +256,7 @@ def pad_width(block_tables: Int[Array, "R W"], multiple: int) -> Int[Array, "R W
     return jnp.pad(block_tables, ((0, 0), (0, padded - width)))
 
 
-def _num_chunks(tokens: TokenRows, keys_per_chunk: int, max_chunks: int) -> Int[Array, ""]:
+def chunk_end(tokens: TokenRows, keys_per_chunk: int, max_chunks: int) -> Int[Array, ""]:
     """Chunks the furthest key any real token sees needs (the loop's trip count): its row's
     last key, or with `context_only` its last cached one (none for fresh prompts)."""
     num_keys = jnp.max(jnp.where(tokens.is_valid, tokens.position + 1, 0))

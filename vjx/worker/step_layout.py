@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int
 
+from vjx.config import CPU_MAX_NUM_BATCHED_TOKENS
 from vjx.worker.step_inputs import STEP_INPUTS, StepInputTable
 
 _MIN_TOKEN_BUCKET = 16
@@ -24,14 +25,11 @@ _CPU_DECODE_BUCKETS = (1, 8)
 tokens; a CPU step's GEMMs grow with the tokens even at decode sizes (SmolLM2-135M, float32,
 two cores: 44 ms a decode step at 1 token, about 250 ms padded to 16). Two, not every power of
 two, so a CPU engine compiles few variants: one request, and batches up to 8."""
-_CPU_DECODE_BUCKETS_MIN_BUDGET = 512
-"""The CPU's default token budget. Below it (a test's engine, or a toy one) a variant's
-compile costs more than padding decode steps to 16 tokens saves: no decode buckets."""
 
 
 def decode_buckets(platform: str, max_num_batched_tokens: int) -> tuple[int, ...]:
     """The token buckets below 16 that `platform` compiles for this token budget."""
-    if platform != "cpu" or max_num_batched_tokens < _CPU_DECODE_BUCKETS_MIN_BUDGET:
+    if platform != "cpu" or max_num_batched_tokens < CPU_MAX_NUM_BATCHED_TOKENS:
         return ()
     return _CPU_DECODE_BUCKETS
 
