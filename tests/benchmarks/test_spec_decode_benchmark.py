@@ -15,7 +15,7 @@ def test_cpu_run_reports_every_method_with_the_same_tokens(tmp_path):
     argv += ["--workloads", "repetitive", "--num-prompts", "2"]
     argv += ["--output-len", "24"]
     argv += ["--num-speculative-tokens", "3", "--prompt-lookup-min", "1", "--max-model-len", "256"]
-    assert spec_decode.main([*argv, "--max-num-batched-tokens", "128", "--output-json", str(path)]) == 0
+    assert spec_decode.main([*argv, "--max-num-batched-tokens", "32", "--output-json", str(path)]) == 0
     result = json.loads(path.read_text())
     assert result["benchmark"] == "spec_decode"
     plain, ngram, draft_model, eagle3 = result["runs"]
@@ -35,7 +35,12 @@ def test_async_scheduling_on_leaves_the_ngram_proposer_out(tmp_path):
     path = tmp_path / "spec.json"
     argv = ["--model", model, "--draft-model", model, "--async-scheduling", "on", "--workloads", "random"]
     argv += ["--num-prompts", "2", "--input-len", "16", "--output-len", "24", "--num-speculative-tokens", "3"]
-    assert spec_decode.main([*argv, "--max-model-len", "128", "--output-json", str(path)]) == 0
+    assert (
+        spec_decode.main(
+            [*argv, "--max-model-len", "128", "--max-num-batched-tokens", "32", "--output-json", str(path)]
+        )
+        == 0
+    )
     plain, draft_model = json.loads(path.read_text())["runs"]
     assert (plain["method"], draft_model["method"]) == ("none", "draft_model")
     assert plain["async_scheduling"] and draft_model["async_scheduling"]
