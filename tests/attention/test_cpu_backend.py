@@ -53,6 +53,16 @@ def test_matches_dense_attention(scenario, window, cap):
     np.testing.assert_array_equal(out[num_real:], 0.0)
 
 
+@pytest.mark.parametrize("scenario", ["decode_only", "mixed"])
+def test_blocks_of_at_most_row_slots_tokens_walk_rows_only(scenario):
+    """A block no longer than `row_slots` (a 1-token decode bucket's) spans at most that many
+    rows, so it takes the row walk without a run-time choice."""
+    batch = make_batch(SCENARIOS[scenario], SHAPE, seed=5)
+    out, _ = _run(CpuBackend(query_block=4, keys_per_chunk=8, row_slots=4), batch, 11, 3.0)
+    num_real = batch.real_tokens()
+    assert relative_error(out[:num_real], dense_attention(batch, SM_SCALE, 11, 3.0)[:num_real]) < 1e-5
+
+
 def test_writes_the_cache_as_the_reference_does():
     batch = make_batch(SCENARIOS["mixed"], SHAPE, seed=3)
     out, written = _run(BACKEND, batch, 11)

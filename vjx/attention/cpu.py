@@ -115,11 +115,14 @@ class CpuBackend(ReferenceBackend):
             block_tokens = TokenRows(*(jax.lax.dynamic_slice_in_dim(x, start, block) for x in fields))
             first_row = block_tokens.row[0]
             num_rows = jnp.max(jnp.where(block_tokens.is_valid, block_tokens.row, first_row)) - first_row + 1
-            stats = jax.lax.cond(
-                num_rows <= self.row_slots,
-                lambda: _walk_rows(walk, q_BKGH, block_tokens, num_rows),
-                lambda: _gather_tokens(walk, q_BKGH, block_tokens),
-            )
+            if block <= self.row_slots:  # a block this small spans few rows: nothing to gather
+                stats = _walk_rows(walk, q_BKGH, block_tokens, num_rows)
+            else:
+                stats = jax.lax.cond(
+                    num_rows <= self.row_slots,
+                    lambda: _walk_rows(walk, q_BKGH, block_tokens, num_rows),
+                    lambda: _gather_tokens(walk, q_BKGH, block_tokens),
+                )
             out_BKGHv, _ = normalize(stats)
             return jax.lax.dynamic_update_slice_in_dim(out_TKGHv, out_BKGHv.astype(q.dtype), start, 0)
 
