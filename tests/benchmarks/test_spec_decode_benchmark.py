@@ -35,12 +35,8 @@ def test_async_scheduling_on_leaves_the_ngram_proposer_out(tmp_path):
     path = tmp_path / "spec.json"
     argv = ["--model", model, "--draft-model", model, "--async-scheduling", "on", "--workloads", "random"]
     argv += ["--num-prompts", "2", "--input-len", "16", "--output-len", "24", "--num-speculative-tokens", "3"]
-    assert (
-        spec_decode.main(
-            [*argv, "--max-model-len", "128", "--max-num-batched-tokens", "32", "--output-json", str(path)]
-        )
-        == 0
-    )
+    argv += ["--max-model-len", "128", "--max-num-batched-tokens", "32"]
+    assert spec_decode.main([*argv, "--output-json", str(path)]) == 0
     plain, draft_model = json.loads(path.read_text())["runs"]
     assert (plain["method"], draft_model["method"]) == ("none", "draft_model")
     assert plain["async_scheduling"] and draft_model["async_scheduling"]

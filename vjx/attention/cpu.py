@@ -35,7 +35,7 @@ from vjx.attention.reference import (
     fold_chunk,
     initial_stats,
     normalize,
-    online_softmax_step,
+    own_chunk_step,
     pad_width,
     token_rows,
     visible_keys,
@@ -159,12 +159,6 @@ def _walk_rows(walk: _Walk, q_BKGH: Float[Array, "B K G H"], tokens: TokenRows, 
 def _gather_tokens(walk: _Walk, q_BKGH: Float[Array, "B K G H"], tokens: TokenRows) -> _Stats:
     """A block of many rows (decode rows): every token reads its own row's chunks, the whole
     block in one gather a chunk, as the reference does."""
-
-    def chunk_step(chunk, carry):
-        first_page = chunk * walk.pages_per_chunk
-        pages_RC = jax.lax.dynamic_slice_in_dim(walk.block_tables, first_page, walk.pages_per_chunk, axis=1)
-        kv_chunk = walk.paged_kv.read_chunk(pages_RC[tokens.row])
-        return online_softmax_step(carry, q_BKGH, kv_chunk, chunk * walk.keys_per_chunk, tokens, walk.scoring)
-
+    chunk_step = own_chunk_step(walk.paged_kv, walk.block_tables, walk.pages_per_chunk, q_BKGH, tokens, walk.scoring)
     first, end = walk.chunk_range(tokens)
     return jax.lax.fori_loop(first, end, chunk_step, walk.initial(q_BKGH))

@@ -175,13 +175,7 @@ class ReferenceBackend:
         pages_per_chunk = max(1, self.keys_per_chunk // block_size)
         block_tables = pad_width(md.block_tables, pages_per_chunk)
         q_TKGH = q.reshape(num_tokens, num_kv_heads, num_heads // num_kv_heads, head_dim)
-
-        def chunk_step(chunk, carry):
-            pages_RC = jax.lax.dynamic_slice_in_dim(block_tables, chunk * pages_per_chunk, pages_per_chunk, axis=1)
-            kv_chunk = paged_kv.read_chunk(pages_RC[tokens.row])
-            first_key = chunk * pages_per_chunk * block_size
-            return online_softmax_step(carry, q_TKGH, kv_chunk, first_key, tokens, scoring)
-
+        chunk_step = own_chunk_step(paged_kv, block_tables, pages_per_chunk, q_TKGH, tokens, scoring)
         stats_shape = q_TKGH.shape[:-1]
         init = (*initial_stats(stats_shape, sinks), jnp.zeros((*stats_shape, paged_kv.value_dim), jnp.float32))
         max_chunks = block_tables.shape[1] // pages_per_chunk
@@ -280,6 +274,26 @@ def normalize(stats: tuple[Array, Array, Array]) -> tuple[Array, Array]:
     safe_l = jnp.where(sees_keys, l_TKG, 1.0)
     out_TKGHv = jnp.where(sees_keys[..., None], acc_TKGHv / safe_l[..., None], 0.0)
     return out_TKGHv, jnp.where(sees_keys, m_TKG + jnp.log(safe_l), -jnp.inf)
+
+
+def own_chunk_step(
+    paged_kv: PagedKV,
+    block_tables: Int[Array, "R W"],
+    pages_per_chunk: int,
+    q_TKGH: Float[Array, "T K G H"],
+    tokens: TokenRows,
+    scoring: Scoring,
+):
+    """The loop body `(chunk, carry) -> carry` that folds chunk `chunk` of each token's own
+    row's pages (`block_tables` padded to whole chunks) into the running statistics."""
+
+    def chunk_step(chunk, carry):
+        pages_RC = jax.lax.dynamic_slice_in_dim(block_tables, chunk * pages_per_chunk, pages_per_chunk, axis=1)
+        kv_chunk = paged_kv.read_chunk(pages_RC[tokens.row])
+        first_key = chunk * pages_per_chunk * paged_kv.block_size
+        return online_softmax_step(carry, q_TKGH, kv_chunk, first_key, tokens, scoring)
+
+    return chunk_step
 
 
 def online_softmax_step(
