@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
-# The H200 benchmark suite in one device call (<= 9 minutes wall), most important numbers first:
-#   vjx_latency             vjx latency 32 in / 128 out, batch 8 then batch 1 (target <= 600 ms;
-#                           batch 1 gives the decode-step roofline)
+# The H200 benchmark suite (issue #30's table), most important numbers first; a whole run takes
+# several device calls (SUITE_ONLY picks each call's steps):
+#   vjx_latency             latency 32 in / 128 out at batch 8, 1 and 64, sampled (temperature 1)
+#                           and greedy, 5 timed runs each (batch 1 gives the decode-step roofline)
 #   roofline_batch1         its roofline breakdown (no GPU)
 #   hf_latency              HF transformers, same workload (static cache: transformers compiles
-#                           the decode step, about a minute; 4x faster than its dynamic cache)
-#   vjx_throughput_512x512  vjx, 1000 requests of 512 in / 512 out (target >= 12,000 output tok/s)
+#                           the decode step with torch.compile, about a minute)
+#   vjx_throughput_512x512  1000 requests of 512 in / 512 out, 3 timed runs (median, min, max)
 #   hf_throughput_512x512   HF, 512 in / 512 out with FEWER requests (HF_THROUGHPUT_PROMPTS,
-#                           default 256, one static batch of 256, dynamic cache): HF's generate
-#                           is too slow for 1000 in the budget
-#   vjx_sharegpt_synthetic  vjx, ShareGPT-synthetic, 200 prompts (vLLM publishes 22.6 req/s on H200)
+#                           default 256, one static batch of 256, dynamic cache), 3 runs
+#   vjx_sharegpt_synthetic  ShareGPT-synthetic lengths, 1000 prompts, 3 runs
+#   vjx_throughput_512x512_big, vjx_throughput_1000x1000, vjx_throughput_1000x1000_big
+#                           the throughput rows with vjx's defaults and with BIG (max_num_seqs
+#                           1024, max_num_batched_tokens 16384)
+#   vjx_fp8_latency, vjx_fp8_throughput_512x512, vjx_fp8_throughput_1000x1000
+#                           the same rows with quantization="fp8" (weights quantized at load)
+#   vjx_kv_fp8_latency, vjx_kv_fp8_throughput_512x512   with kv_cache_dtype="fp8"
 #   moe_layers              one MoE layer's experts (benchmarks/moe.py) at the Qwen3-30B-A3B,
 #                           gpt-oss-20b and Mixtral-8x7B shapes: grouped GEMM vs loop vs dense
 #   vjx_qwen3_moe_throughput  Qwen3-30B-A3B (dummy bf16 weights, 61 GB), 256 requests 512 / 256
 #   vjx_mixtral_throughput  Mixtral-8x7B (dummy bf16 weights, 93 GB: an H200), the same workload
-#   vjx_latency_greedy      the latency rows at temperature 0 (batch 8, 1, 64)
-#   vjx_throughput_1000x1000  vjx, 1000 requests of 1000 in / 1000 out
 #   vjx_qwen3_8b_latency, vjx_gemma3_12b_latency  latency 32 / 128 at batch 1 and 8 on the
 #                           Qwen3-8B and Gemma-3-12B shapes (dummy bf16 weights)
 #   startup_8b              start-up from an 8B safetensors checkpoint written to disk (random
@@ -51,6 +55,8 @@ SUMMARY=$OUT/summary.md
 # shellcheck disable=SC2206
 ENGINE=(--model "$MODEL" --tokenizer "$TOKENIZER" --load-format dummy --dtype bfloat16
         --max-model-len 2048 ${VJX_ENGINE_ARGS:-})
+# The issue's second throughput configuration: 4x the requests and 2x the tokens of a step.
+BIG=(--max-num-seqs 1024 --max-num-batched-tokens 16384)
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 SUITE_START=$SECONDS
@@ -86,8 +92,23 @@ step() {
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$SUMMARY"
 
-step vjx_latency 300 python3 -m benchmarks.latency "${ENGINE[@]}" --batch-size 8 1 64 --profile-host \
-  --input-len 32 --output-len 128 --num-iters-warmup 2 --num-iters 8 --output-json "$WORK/vjx_latency.json"
+# latency ROWS...: vjx's latency rows (batch 8, 1, 64; sampled and greedy) with extra engine flags.
+latency() {
+  local name=$1 limit=$2
+  shift 2
+  step "$name" "$limit" python3 -m benchmarks.latency "${ENGINE[@]}" "$@" --batch-size 8 1 64 --temperature 1 0 \
+    --input-len 32 --output-len 128 --num-iters-warmup 2 --num-iters 5 --output-json "$WORK/$name.json"
+}
+
+# throughput NAME LIMIT IN OUT [FLAGS...]: 1000 requests of IN in / OUT out, three timed runs.
+throughput() {
+  local name=$1 limit=$2 input=$3 output=$4
+  shift 4
+  step "$name" "$limit" python3 -m benchmarks.throughput "${ENGINE[@]}" "$@" --num-prompts 1000 \
+    --input-len "$input" --output-len "$output" --num-iters 3 --output-json "$WORK/$name.json"
+}
+
+latency vjx_latency 300 --profile-host
 if [[ -f "$WORK/vjx_latency.json" ]]; then
   step roofline_batch1 30 python3 -m benchmarks.roofline --batch-size 1 --input-len 32 --output-len 128 \
     --latency-json "$WORK/vjx_latency.json"
@@ -98,22 +119,31 @@ step hf_latency 150 python3 -m benchmarks.baselines.hf_transformers latency --mo
   --batch-size 8 1 --input-len 32 --output-len 128 --num-iters-warmup 1 --num-iters 5 \
   --cache-implementation static --output-json "$WORK/hf_latency.json"
 
-step vjx_throughput_512x512 240 python3 -m benchmarks.throughput "${ENGINE[@]}" --num-prompts 1000 \
-  --input-len 512 --output-len 512 --output-json "$WORK/vjx_throughput_512x512.json"
+throughput vjx_throughput_512x512 300 512 512
 
-step hf_throughput_512x512 100 python3 -m benchmarks.baselines.hf_transformers throughput --model "$MODEL" \
-  --num-prompts "$HF_THROUGHPUT_PROMPTS" --batch-size 256 --input-len 512 --output-len 512 \
+step hf_throughput_512x512 200 python3 -m benchmarks.baselines.hf_transformers throughput --model "$MODEL" \
+  --num-prompts "$HF_THROUGHPUT_PROMPTS" --batch-size 256 --input-len 512 --output-len 512 --num-iters 3 \
   --cache-implementation dynamic --output-json "$WORK/hf_throughput_512x512.json"
 if [[ -f "$WORK/hf_throughput_512x512.json" ]]; then
   echo "note: the HF throughput row ran $HF_THROUGHPUT_PROMPTS requests (not 1000) in static batches of 256" \
     | tee -a "$SUMMARY"
 fi
 
-step vjx_sharegpt_synthetic 100 python3 -m benchmarks.throughput "${ENGINE[@]}" --dataset sharegpt-synthetic \
-  --num-prompts 200 --output-json "$WORK/vjx_sharegpt_synthetic.json"
+step vjx_sharegpt_synthetic 150 python3 -m benchmarks.throughput "${ENGINE[@]}" --dataset sharegpt-synthetic \
+  --num-prompts 1000 --num-iters 3 --output-json "$WORK/vjx_sharegpt_synthetic.json"
 if [[ -f "$WORK/vjx_sharegpt_synthetic.json" ]]; then
   echo "reference: vLLM on H200, ShareGPT, 200 prompts: 22.6 req/s (published)" | tee -a "$SUMMARY"
 fi
+
+throughput vjx_throughput_512x512_big 300 512 512 "${BIG[@]}"
+throughput vjx_throughput_1000x1000 450 1000 1000
+throughput vjx_throughput_1000x1000_big 450 1000 1000 "${BIG[@]}"
+
+latency vjx_fp8_latency 300 --quantization fp8
+throughput vjx_fp8_throughput_512x512 300 512 512 --quantization fp8
+throughput vjx_fp8_throughput_1000x1000 450 1000 1000 --quantization fp8
+latency vjx_kv_fp8_latency 300 --kv-cache-dtype fp8
+throughput vjx_kv_fp8_throughput_512x512 300 512 512 --kv-cache-dtype fp8
 
 step moe_layers 150 bash -c 'for m in qwen3-30b-a3b gpt-oss-20b mixtral-8x7b; do
   python3 -m benchmarks.moe --model "benchmarks/configs/$m" --num-tokens 1 16 256 2048 \
@@ -124,12 +154,6 @@ for moe_model in qwen3_moe:qwen3-30b-a3b mixtral:mixtral-8x7b; do
     --max-model-len 2048 --num-prompts 256 --input-len 512 --output-len 256 \
     --output-json "$WORK/vjx_${moe_model%%:*}_throughput.json"
 done
-
-step vjx_latency_greedy 300 python3 -m benchmarks.latency "${ENGINE[@]}" --batch-size 8 1 64 --temperature 0 \
-  --input-len 32 --output-len 128 --num-iters-warmup 2 --num-iters 8 --output-json "$WORK/vjx_latency_greedy.json"
-
-step vjx_throughput_1000x1000 400 python3 -m benchmarks.throughput "${ENGINE[@]}" --num-prompts 1000 \
-  --input-len 1000 --output-len 1000 --output-json "$WORK/vjx_throughput_1000x1000.json"
 
 for shape in qwen3_8b:qwen3-8b gemma3_12b:gemma-3-12b; do
   step "vjx_${shape%%:*}_latency" 240 python3 -m benchmarks.latency --model "benchmarks/configs/${shape#*:}" \

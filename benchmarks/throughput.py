@@ -79,20 +79,42 @@ def request_lengths(args: argparse.Namespace, max_model_len: int) -> list[tuple[
     return [(args.input_len, args.output_len)] * args.num_prompts
 
 
+def time_generate(llm, prompts: list[dict], params: list[SamplingParams]) -> tuple[float, int]:
+    """Seconds to run every request to completion, and the output tokens they made."""
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    return elapsed, sum(len(o.outputs[0].token_ids) for o in outputs)
+
+
+def run_rates(elapsed: float, num_prompts: int, num_input: int, num_output: int) -> dict:
+    return {
+        "generate_s": elapsed,
+        "requests_per_s": num_prompts / elapsed,
+        "output_tok_per_s": num_output / elapsed,
+        "total_tok_per_s": (num_output + num_input) / elapsed,
+    }
+
+
 def run(args: argparse.Namespace) -> dict:
+    """`--num-iters` timed runs of the workload, each on fresh random prompt ids (so the prefix
+    cache serves none of them); the result's rates are the median run's."""
     llm, result = harness.start_engine_run(args, "throughput")
     model_config = llm.llm_engine.config.model_config
     lengths = request_lengths(args, model_config.max_model_len)
     rng = np.random.default_rng(args.seed)
-    ids = harness.random_token_ids(rng, harness.prompt_vocab_size(llm), [i for i, _ in lengths])
-    prompts = [{"prompt_token_ids": row} for row in ids]
+    vocab_size = harness.prompt_vocab_size(llm)
     params = [SamplingParams(temperature=args.temperature, max_tokens=o, ignore_eos=True) for _, o in lengths]
-    llm.generate(prompts[:1], SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)
-    start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    elapsed = time.perf_counter() - start
-    num_output = sum(len(o.outputs[0].token_ids) for o in outputs)
+    warmup = harness.random_token_ids(rng, vocab_size, [lengths[0][0]])
+    llm.generate([{"prompt_token_ids": warmup[0]}], SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)
     num_input = sum(i for i, _ in lengths)
+    runs = []
+    for _ in range(args.num_iters):
+        ids = harness.random_token_ids(rng, vocab_size, [i for i, _ in lengths])
+        elapsed, num_output = time_generate(llm, [{"prompt_token_ids": row} for row in ids], params)
+        runs.append({**run_rates(elapsed, args.num_prompts, num_input, num_output), "output_tokens": num_output})
+    median = sorted(runs, key=lambda r: r["generate_s"])[(len(runs) - 1) // 2]
+    rates = [r["output_tok_per_s"] for r in runs]
     result.update(
         {
             "dtype": model_config.dtype,
@@ -101,21 +123,22 @@ def run(args: argparse.Namespace) -> dict:
             "input_len": args.input_len,
             "output_len": args.output_len,
             "mean_input_len": num_input / len(lengths),
-            "mean_output_len": num_output / len(lengths),
-            "generate_s": elapsed,
+            "mean_output_len": median["output_tokens"] / len(lengths),
             "input_tokens": num_input,
-            "output_tokens": num_output,
-            "requests_per_s": args.num_prompts / elapsed,
-            "output_tok_per_s": num_output / elapsed,
-            "total_tok_per_s": (num_output + num_input) / elapsed,
+            **median,
+            "output_tok_per_s_min": min(rates),
+            "output_tok_per_s_max": max(rates),
+            "runs": runs,
         }
     )
     shape = roofline.ModelShape.from_hf_config(model_config.hf_config.to_dict(), model_config.dtype)
-    result.update(roofline.throughput_roofline(shape, roofline.DEVICE_PEAKS.get(result["device"]), lengths, elapsed))
+    result.update(
+        roofline.throughput_roofline(shape, roofline.DEVICE_PEAKS.get(result["device"]), lengths, median["generate_s"])
+    )
     return result
 
 
-HEADER = ["engine", "device", "workload", "req/s", "output tok/s", "total tok/s", "TC fraction"]
+HEADER = ["engine", "device", "workload", "req/s", "output tok/s (min-max)", "total tok/s", "TC fraction"]
 
 
 def table_row(result: dict) -> list[str]:
@@ -124,10 +147,18 @@ def table_row(result: dict) -> list[str]:
         result["device"],
         harness.workload_label(result),
         f"{result['requests_per_s']:.2f}",
-        f"{result['output_tok_per_s']:.1f}",
+        output_rate(result),
         f"{result['total_tok_per_s']:.1f}",
         harness.fmt(result["tensor_core_fraction"], ".1%"),
     ]
+
+
+def output_rate(result: dict) -> str:
+    """The median run's output tok/s, with the range of the runs where there were several."""
+    cell = f"{result['output_tok_per_s']:.1f}"
+    if len(result["runs"]) > 1:
+        cell += f" ({result['output_tok_per_s_min']:.1f}-{result['output_tok_per_s_max']:.1f})"
+    return cell
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,11 +168,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--dataset", choices=DATASETS, default="random")
     parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--num-iters", type=int, default=1, help="Timed runs; the median run is reported.")
     parser.add_argument("--output-json", default=None)
     EngineArgs.add_cli_args(parser)
     args = parser.parse_args(argv)
     if args.num_prompts < 1:
         raise ValueError(f"num_prompts must be >= 1, got {args.num_prompts}.")
+    if args.num_iters < 1:
+        raise ValueError(f"num_iters must be >= 1, got {args.num_iters}.")
     result = run(args)
     startup = ", ".join(f"{name} {value}" for name, value in harness.startup_rows(result))
     print(f"throughput: start-up {startup}, generate {result['generate_s']:.2f} s", flush=True)

@@ -131,14 +131,20 @@ def run_throughput(args: argparse.Namespace) -> dict:
     runner = HFRunner(args)
     result, shape = _result(runner, "throughput", args)
     rng = np.random.default_rng(args.seed)
-    prompts = harness.random_token_ids(rng, runner.vocab_size, [args.input_len] * args.num_prompts)
-    runner.generate(prompts[:1], 2, do_sample=False)
-    num_output = 0
-    start = time.perf_counter()
-    for first in range(0, args.num_prompts, args.batch_size):
-        num_output += runner.generate(prompts[first : first + args.batch_size], args.output_len, do_sample=False)
-    elapsed = time.perf_counter() - start
+    runner.generate(harness.random_token_ids(rng, runner.vocab_size, [args.input_len]), 2, do_sample=False)
     num_input = args.num_prompts * args.input_len
+    runs = []
+    for _ in range(args.num_iters):
+        prompts = harness.random_token_ids(rng, runner.vocab_size, [args.input_len] * args.num_prompts)
+        num_output = 0
+        start = time.perf_counter()
+        for first in range(0, args.num_prompts, args.batch_size):
+            num_output += runner.generate(prompts[first : first + args.batch_size], args.output_len, do_sample=False)
+        elapsed = time.perf_counter() - start
+        runs.append({**throughput.run_rates(elapsed, args.num_prompts, num_input, num_output), "output_tokens": num_output})
+    median = sorted(runs, key=lambda r: r["generate_s"])[(len(runs) - 1) // 2]
+    rates = [r["output_tok_per_s"] for r in runs]
+    elapsed = median["generate_s"]
     result.update(
         {
             "dataset": "random",
@@ -147,13 +153,12 @@ def run_throughput(args: argparse.Namespace) -> dict:
             "input_len": args.input_len,
             "output_len": args.output_len,
             "mean_input_len": args.input_len,
-            "mean_output_len": num_output / args.num_prompts,
-            "generate_s": elapsed,
+            "mean_output_len": median["output_tokens"] / args.num_prompts,
             "input_tokens": num_input,
-            "output_tokens": num_output,
-            "requests_per_s": args.num_prompts / elapsed,
-            "output_tok_per_s": num_output / elapsed,
-            "total_tok_per_s": (num_input + num_output) / elapsed,
+            **median,
+            "output_tok_per_s_min": min(rates),
+            "output_tok_per_s_max": max(rates),
+            "runs": runs,
         }
     )
     lengths = [(args.input_len, args.output_len)] * args.num_prompts
@@ -196,11 +201,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     tput.add_argument("--input-len", type=int, default=512)
     tput.add_argument("--output-len", type=int, default=512)
     tput.add_argument("--batch-size", type=int, default=64, help="Prompts per generate call.")
+    tput.add_argument("--num-iters", type=int, default=1, help="Timed runs; the median run is reported.")
     for p in (lat, tput):
         _common_flags(p)
     args = parser.parse_args(argv)
-    sizes = args.batch_size if args.benchmark == "latency" else [args.batch_size, args.num_prompts]
-    checks = [("input_len", args.input_len), ("output_len", args.output_len), *[("batch_size", s) for s in sizes]]
+    checks = [("input_len", args.input_len), ("output_len", args.output_len)]
+    if args.benchmark == "latency":
+        checks += [("batch_size", size) for size in args.batch_size]
+    else:
+        checks += [("batch_size", args.batch_size), ("num_prompts", args.num_prompts), ("num_iters", args.num_iters)]
     for name, value in checks:
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}.")

@@ -68,6 +68,8 @@ def test_hf_throughput_generates_every_token(tiny_model_dir, tmp_path):
                 "8",
                 "--output-len",
                 "6",
+                "--num-iters",
+                "2",
                 "--output-json",
                 str(path),
             ]
@@ -77,6 +79,7 @@ def test_hf_throughput_generates_every_token(tiny_model_dir, tmp_path):
     result = json.loads(path.read_text())
     assert (result["input_tokens"], result["output_tokens"]) == (40, 30)
     assert result["output_tok_per_s"] == pytest.approx(30 / result["generate_s"])
+    assert len(result["runs"]) == 2 and result["generate_s"] == min(r["generate_s"] for r in result["runs"])
 
 
 def _latency_result(engine: str, sizes: list[int]) -> dict:

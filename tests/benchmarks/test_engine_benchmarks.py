@@ -75,6 +75,8 @@ def test_throughput_counts_every_token(tiny_model_dir, tmp_path, dataset):
         "5",
         "--dataset",
         dataset,
+        "--num-iters",
+        "3",
         "--output-json",
         str(path),
     ]
@@ -86,6 +88,9 @@ def test_throughput_counts_every_token(tiny_model_dir, tmp_path, dataset):
     assert result["input_tokens"] == sum(i for i, _ in lengths)
     assert result["output_tokens"] == sum(o for _, o in lengths)
     elapsed = result["generate_s"]
+    assert sorted(r["generate_s"] for r in result["runs"])[1] == elapsed  # the median of three runs
+    rates = [r["output_tok_per_s"] for r in result["runs"]]
+    assert (result["output_tok_per_s_min"], result["output_tok_per_s_max"]) == (min(rates), max(rates))
     assert result["requests_per_s"] == pytest.approx(6 / elapsed)
     assert result["output_tok_per_s"] == pytest.approx(result["output_tokens"] / elapsed)
     assert result["total_tok_per_s"] == pytest.approx((result["input_tokens"] + result["output_tokens"]) / elapsed)
