@@ -88,12 +88,22 @@ def time_generate(llm, prompts: list[dict], params: list[SamplingParams]) -> tup
 
 
 def run_rates(elapsed: float, num_prompts: int, num_input: int, num_output: int) -> dict:
+    """One timed run's record."""
     return {
         "generate_s": elapsed,
+        "output_tokens": num_output,
         "requests_per_s": num_prompts / elapsed,
         "output_tok_per_s": num_output / elapsed,
         "total_tok_per_s": (num_output + num_input) / elapsed,
     }
+
+
+def summarize_runs(runs: list[dict]) -> dict:
+    """The median run's record (by time; the lower middle of an even count), the range of the
+    runs' output tok/s, and every run."""
+    median = sorted(runs, key=lambda r: r["generate_s"])[(len(runs) - 1) // 2]
+    rates = [r["output_tok_per_s"] for r in runs]
+    return {**median, "output_tok_per_s_min": min(rates), "output_tok_per_s_max": max(rates), "runs": runs}
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -112,9 +122,8 @@ def run(args: argparse.Namespace) -> dict:
     for _ in range(args.num_iters):
         ids = harness.random_token_ids(rng, vocab_size, [i for i, _ in lengths])
         elapsed, num_output = time_generate(llm, [{"prompt_token_ids": row} for row in ids], params)
-        runs.append({**run_rates(elapsed, args.num_prompts, num_input, num_output), "output_tokens": num_output})
-    median = sorted(runs, key=lambda r: r["generate_s"])[(len(runs) - 1) // 2]
-    rates = [r["output_tok_per_s"] for r in runs]
+        runs.append(run_rates(elapsed, args.num_prompts, num_input, num_output))
+    summary = summarize_runs(runs)
     result.update(
         {
             "dtype": model_config.dtype,
@@ -123,17 +132,14 @@ def run(args: argparse.Namespace) -> dict:
             "input_len": args.input_len,
             "output_len": args.output_len,
             "mean_input_len": num_input / len(lengths),
-            "mean_output_len": median["output_tokens"] / len(lengths),
+            "mean_output_len": summary["output_tokens"] / len(lengths),
             "input_tokens": num_input,
-            **median,
-            "output_tok_per_s_min": min(rates),
-            "output_tok_per_s_max": max(rates),
-            "runs": runs,
+            **summary,
         }
     )
     shape = roofline.ModelShape.from_hf_config(model_config.hf_config.to_dict(), model_config.dtype)
     result.update(
-        roofline.throughput_roofline(shape, roofline.DEVICE_PEAKS.get(result["device"]), lengths, median["generate_s"])
+        roofline.throughput_roofline(shape, roofline.DEVICE_PEAKS.get(result["device"]), lengths, summary["generate_s"])
     )
     return result
 

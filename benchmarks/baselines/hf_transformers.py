@@ -141,10 +141,9 @@ def run_throughput(args: argparse.Namespace) -> dict:
         for first in range(0, args.num_prompts, args.batch_size):
             num_output += runner.generate(prompts[first : first + args.batch_size], args.output_len, do_sample=False)
         elapsed = time.perf_counter() - start
-        runs.append({**throughput.run_rates(elapsed, args.num_prompts, num_input, num_output), "output_tokens": num_output})
-    median = sorted(runs, key=lambda r: r["generate_s"])[(len(runs) - 1) // 2]
-    rates = [r["output_tok_per_s"] for r in runs]
-    elapsed = median["generate_s"]
+        runs.append(throughput.run_rates(elapsed, args.num_prompts, num_input, num_output))
+    summary = throughput.summarize_runs(runs)
+    elapsed = summary["generate_s"]
     result.update(
         {
             "dataset": "random",
@@ -153,12 +152,9 @@ def run_throughput(args: argparse.Namespace) -> dict:
             "input_len": args.input_len,
             "output_len": args.output_len,
             "mean_input_len": args.input_len,
-            "mean_output_len": median["output_tokens"] / args.num_prompts,
+            "mean_output_len": summary["output_tokens"] / args.num_prompts,
             "input_tokens": num_input,
-            **median,
-            "output_tok_per_s_min": min(rates),
-            "output_tok_per_s_max": max(rates),
-            "runs": runs,
+            **summary,
         }
     )
     lengths = [(args.input_len, args.output_len)] * args.num_prompts
