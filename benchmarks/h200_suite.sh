@@ -16,6 +16,9 @@
 #   vjx_fp8_latency, vjx_fp8_throughput_512x512, vjx_fp8_throughput_1000x1000
 #                           the same rows with quantization="fp8" (weights quantized at load)
 #   vjx_kv_fp8_latency, vjx_kv_fp8_throughput_512x512   with kv_cache_dtype="fp8"
+#   vjx_spec_decode         no drafts vs n-gram vs an EAGLE head (one layer, random weights) at
+#                           batch 1 and 8, 3 runs each
+#   vjx_structured          output tok/s with and without a JSON schema at batch 32, 3 runs each
 #   moe_layers              one MoE layer's experts (benchmarks/moe.py) at the Qwen3-30B-A3B,
 #                           gpt-oss-20b and Mixtral-8x7B shapes: grouped GEMM vs loop vs dense
 #   vjx_qwen3_moe_throughput  Qwen3-30B-A3B (dummy bf16 weights, 61 GB), 256 requests 512 / 256
@@ -144,6 +147,15 @@ throughput vjx_fp8_throughput_512x512 300 512 512 --quantization fp8
 throughput vjx_fp8_throughput_1000x1000 450 1000 1000 --quantization fp8
 latency vjx_kv_fp8_latency 300 --kv-cache-dtype fp8
 throughput vjx_kv_fp8_throughput_512x512 300 512 512 --kv-cache-dtype fp8
+
+# Random weights: the n-gram and EAGLE drafts are rarely accepted, so these rows price the
+# proposers' and the verification's overhead, not a speed-up (a real checkpoint's acceptance).
+step vjx_spec_decode 400 python3 -m benchmarks.spec_decode --model "$MODEL" --tokenizer "$TOKENIZER" \
+  --load-format dummy --dtype bfloat16 --max-model-len 2048 --max-num-batched-tokens 2048 --num-prompts 1 8 \
+  --num-iters 3 --output-len 128 --eagle-head benchmarks/configs/llama-3.1-8b-eagle \
+  --output-json "$WORK/vjx_spec_decode.json"
+step vjx_structured 200 python3 -m benchmarks.structured "${ENGINE[@]}" --batch-sizes 32 --output-len 128 \
+  --repeats 3 --output-json "$WORK/vjx_structured.json"
 
 step moe_layers 150 bash -c 'for m in qwen3-30b-a3b gpt-oss-20b mixtral-8x7b; do
   python3 -m benchmarks.moe --model "benchmarks/configs/$m" --num-tokens 1 16 256 2048 \

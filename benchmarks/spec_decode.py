@@ -36,17 +36,17 @@ WORKLOADS = ("repetitive", "random")
 _MODEL_METHODS = {"draft_model": "draft_model", "eagle": "eagle_head", "eagle3": "eagle3_head"}
 """Methods that take a model, and the argument naming it."""
 _ASYNC_SCHEDULING = {"default": None, "on": True, "off": False}
+HEADER = ["workload", "batch", "method", "async", "output tok/s", "speed-up", "acceptance length", "acceptance rate"]
 
 
-def _prompts(llm: LLM, workload: str, args: argparse.Namespace) -> list:
+def _prompts(llm: LLM, workload: str, batch_size: int, input_len: int, rng: np.random.Generator) -> list:
     if workload == "repetitive":
         message = f"Repeat the following text exactly, three times:\n\n{_PASSAGE}"
         text = llm.get_tokenizer().apply_chat_template(
             [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
         )
-        return [text] * args.num_prompts
-    rng = np.random.default_rng(0)
-    ids = harness.random_token_ids(rng, harness.prompt_vocab_size(llm), [args.input_len] * args.num_prompts)
+        return [text] * batch_size
+    ids = harness.random_token_ids(rng, harness.prompt_vocab_size(llm), [input_len] * batch_size)
     return [{"prompt_token_ids": prompt} for prompt in ids]
 
 
@@ -71,7 +71,7 @@ def _engine(args: argparse.Namespace, method: str) -> LLM:
         load_format=args.load_format,
         dtype=args.dtype,
         max_model_len=args.max_model_len,
-        max_num_seqs=max(args.num_prompts, 1),
+        max_num_seqs=max(args.num_prompts),
         max_num_batched_tokens=args.max_num_batched_tokens,
         speculative_config=_speculative_config(args, method),
         async_scheduling=_ASYNC_SCHEDULING[args.async_scheduling],
@@ -79,27 +79,27 @@ def _engine(args: argparse.Namespace, method: str) -> LLM:
     )
 
 
-def run(args: argparse.Namespace, workload: str, method: str) -> dict:
-    llm = _engine(args, method)
-    prompts = _prompts(llm, workload, args)
+def _timed_runs(llm: LLM, prompts: list, args: argparse.Namespace) -> dict:
+    """`--num-iters` timed runs of `prompts` (the same each time: greedy outputs repeat); the
+    median run's time and rate, the range of rates, and the proposer's counts over all runs."""
     params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
-    llm.generate(prompts[:1], SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
+    llm.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
     llm.llm_engine.engine_core.make_stats()
-    start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    elapsed = time.perf_counter() - start
+    seconds = []
+    for _ in range(args.num_iters):
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        seconds.append(time.perf_counter() - start)
     spec = llm.llm_engine.engine_core.make_stats().spec_decoding_stats
     num_tokens = sum(len(output.outputs[0].token_ids) for output in outputs)
-    async_scheduling = llm.llm_engine.config.scheduler_config.async_scheduling
-    del llm
-    gc.collect()
+    median = sorted(seconds)[(len(seconds) - 1) // 2]
     return {
-        "workload": workload,
-        "method": method,
-        "async_scheduling": async_scheduling,
-        "seconds": elapsed,
+        "seconds": median,
+        "runs_s": seconds,
         "output_tokens": num_tokens,
-        "output_tokens_per_s": num_tokens / elapsed,
+        "output_tokens_per_s": num_tokens / median,
+        "output_tokens_per_s_min": num_tokens / max(seconds),
+        "output_tokens_per_s_max": num_tokens / min(seconds),
         "num_drafts": spec.num_drafts,
         "num_draft_tokens": spec.num_draft_tokens,
         "num_accepted_tokens": spec.num_accepted_tokens,
@@ -107,6 +107,23 @@ def run(args: argparse.Namespace, workload: str, method: str) -> dict:
         "acceptance_rate": spec.num_accepted_tokens / spec.num_draft_tokens if spec.num_draft_tokens else 0.0,
         "token_ids": [list(output.outputs[0].token_ids) for output in outputs],
     }
+
+
+def run(args: argparse.Namespace, method: str) -> list[dict]:
+    """One engine for `method`: a row for each workload and batch size."""
+    llm = _engine(args, method)
+    async_scheduling = llm.llm_engine.config.scheduler_config.async_scheduling
+    rows = []
+    for workload in args.workloads:
+        rng = np.random.default_rng(0)
+        for batch_size in args.num_prompts:
+            row = {"workload": workload, "batch_size": batch_size, "method": method}
+            row["async_scheduling"] = async_scheduling
+            rows.append({**row, **_timed_runs(llm, _prompts(llm, workload, batch_size, args.input_len, rng), args)})
+    llm.shutdown()
+    del llm
+    gc.collect()
+    return rows
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -119,7 +136,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--skip-ngram", action="store_true", help="Leave the n-gram proposer out (it runs unless async is 'on')."
     )
-    parser.add_argument("--num-prompts", type=int, default=1)
+    parser.add_argument("--num-prompts", type=int, nargs="+", default=[1], help="Batch sizes (one engine each method).")
+    parser.add_argument("--num-iters", type=int, default=1, help="Timed runs of each batch; the median counts.")
     parser.add_argument("--input-len", type=int, default=128, help="Random prompts' length.")
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--num-speculative-tokens", type=int, default=4)
@@ -141,15 +159,20 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _key(run: dict) -> tuple[str, int]:
+    return run["workload"], run["batch_size"]
+
+
 def _rows(runs: list[dict]) -> list[list[str]]:
-    baseline = {run["workload"]: run["output_tokens_per_s"] for run in runs if run["method"] == "none"}
+    baseline = {_key(run): run["output_tokens_per_s"] for run in runs if run["method"] == "none"}
     return [
         [
             run["workload"],
+            str(run["batch_size"]),
             run["method"],
             "on" if run["async_scheduling"] else "off",
             harness.fmt(run["output_tokens_per_s"], ".1f"),
-            harness.fmt(run["output_tokens_per_s"] / baseline[run["workload"]], ".2f", "x"),
+            harness.fmt(run["output_tokens_per_s"] / baseline[_key(run)], ".2f", "x"),
             harness.fmt(run["mean_acceptance_length"], ".2f") if run["num_drafts"] else "-",
             harness.fmt(run["acceptance_rate"], ".1%") if run["num_drafts"] else "-",
         ]
@@ -159,18 +182,30 @@ def _rows(runs: list[dict]) -> list[list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    for name, value in [("num_prompts", min(args.num_prompts)), ("num_iters", args.num_iters)]:
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}.")
     platform_name, device = harness.jax_device()
     methods = ["none"] + ["ngram"] * (args.async_scheduling != "on" and not args.skip_ngram)
     methods += [method for method, name in _MODEL_METHODS.items() if getattr(args, name)]
-    runs = [run(args, workload, method) for workload in args.workloads for method in methods]
-    plain = {run["workload"]: run for run in runs if run["method"] == "none"}
-    for result in runs:
-        if result["method"] != "none":
+    runs = [row for method in methods for row in run(args, method)]
+    plain = {_key(row): row for row in runs if row["method"] == "none"}
+    for row in runs:
+        if row["method"] != "none":
             # Greedy: speculation must not change a token.
-            result["same_tokens_as_without"] = result["token_ids"] == plain[result["workload"]]["token_ids"]
+            row["same_tokens_as_without"] = row["token_ids"] == plain[_key(row)]["token_ids"]
     result = harness.run_metadata("spec_decode", "vjx", platform_name, device, args.model or "default")
     result.update(args=vars(args), runs=runs)
-    header = ["workload", "method", "async", "output tok/s", "speed-up", "acceptance length", "acceptance rate"]
+    header = [
+        "workload",
+        "batch",
+        "method",
+        "async",
+        "output tok/s",
+        "speed-up",
+        "acceptance length",
+        "acceptance rate",
+    ]
     harness.print_table(header, _rows(runs))
     harness.write_json(args.output_json, result)
     return 0

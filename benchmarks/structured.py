@@ -11,7 +11,7 @@ number of tokens. The constrained run pays for the grammar on the host (llguidan
 and step, the token advance), the mask's transfer and its application on the device, and
 the lost overlap of async scheduling while a constrained step waits for its predecessor's
 tokens. Each configuration runs once to warm up (compiles, the grammar cache), then
-`--repeats` times; the best run counts.
+`--repeats` times; the table gives the median run's rate and the range.
 """
 
 import argparse
@@ -24,24 +24,30 @@ from benchmarks import harness
 from vjx import EngineArgs, SamplingParams
 from vjx.sampling_params import StructuredOutputsParams
 
-HEADER = ["batch", "free tok/s", "json_schema tok/s", "overhead"]
+HEADER = ["batch", "free tok/s (min-max)", "json_schema tok/s (min-max)", "overhead"]
 ENDLESS_SCHEMA = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 10_000}
 """An array that may not close before 10,000 items: the grammar cannot finish within the
 output length, so every request runs all of it."""
 
 
-def _tokens_per_s(llm, prompts: list[list[int]], params: SamplingParams, repeats: int) -> float:
+def _tokens_per_s(llm, prompts: list[list[int]], params: SamplingParams, repeats: int) -> list[float]:
+    """Output tokens/s of each of `repeats` timed runs, after one untimed run."""
     requests = [{"prompt_token_ids": ids} for ids in prompts]
     llm.generate(requests, params, use_tqdm=False)
-    best = float("inf")
+    rates = []
     for _ in range(repeats):
         start = time.perf_counter()
         outputs = llm.generate(requests, params, use_tqdm=False)
-        best = min(best, time.perf_counter() - start)
-    num_tokens = sum(len(output.outputs[0].token_ids) for output in outputs)
-    if num_tokens != len(prompts) * params.max_tokens:
-        raise RuntimeError(f"expected {len(prompts) * params.max_tokens} output tokens, got {num_tokens}.")
-    return num_tokens / best
+        elapsed = time.perf_counter() - start
+        num_tokens = sum(len(output.outputs[0].token_ids) for output in outputs)
+        if num_tokens != len(prompts) * params.max_tokens:
+            raise RuntimeError(f"expected {len(prompts) * params.max_tokens} output tokens, got {num_tokens}.")
+        rates.append(num_tokens / elapsed)
+    return rates
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[(len(values) - 1) // 2]
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -58,25 +64,31 @@ def run(args: argparse.Namespace) -> dict:
     rows = []
     for batch_size in args.batch_sizes:
         prompts = harness.random_token_ids(rng, harness.prompt_vocab_size(llm), [args.input_len] * batch_size)
-        free_tps = _tokens_per_s(llm, prompts, free, args.repeats)
-        constrained_tps = _tokens_per_s(llm, prompts, constrained, args.repeats)
+        free_rates = _tokens_per_s(llm, prompts, free, args.repeats)
+        constrained_rates = _tokens_per_s(llm, prompts, constrained, args.repeats)
         rows.append(
             {
                 "batch_size": batch_size,
-                "free_output_tokens_per_s": free_tps,
-                "json_schema_output_tokens_per_s": constrained_tps,
-                "overhead": 1 - constrained_tps / free_tps,
+                "free_output_tokens_per_s": _median(free_rates),
+                "json_schema_output_tokens_per_s": _median(constrained_rates),
+                "overhead": 1 - _median(constrained_rates) / _median(free_rates),
+                "free_runs": free_rates,
+                "json_schema_runs": constrained_rates,
             }
         )
     result.update(input_len=args.input_len, output_len=args.output_len, repeats=args.repeats, rows=rows)
     return result
 
 
+def _with_range(median: float, runs: list[float]) -> str:
+    return f"{median:.1f} ({min(runs):.1f}-{max(runs):.1f})"
+
+
 def table_row(row: dict) -> list[str]:
     return [
         str(row["batch_size"]),
-        harness.fmt(row["free_output_tokens_per_s"], ".1f"),
-        harness.fmt(row["json_schema_output_tokens_per_s"], ".1f"),
+        _with_range(row["free_output_tokens_per_s"], row["free_runs"]),
+        _with_range(row["json_schema_output_tokens_per_s"], row["json_schema_runs"]),
         harness.fmt(row["overhead"], ".1%"),
     ]
 
@@ -86,10 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--input-len", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3, help="Timed runs of each configuration.")
     parser.add_argument("--output-json", default=None)
     EngineArgs.add_cli_args(parser)
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {args.repeats}.")
     result = run(args)
     harness.print_table(HEADER, [table_row(row) for row in result["rows"]])
     harness.write_json(args.output_json, result)

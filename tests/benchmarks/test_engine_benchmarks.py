@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from benchmarks import latency, throughput
+from benchmarks import latency, structured, throughput
 from tests.helpers.benchmark_model import ENGINE_FLAGS
 
 METADATA = {"benchmark", "engine", "date", "platform", "device", "command", "argv", "model"}
@@ -125,3 +125,14 @@ def test_bad_lengths_are_value_errors():
         )
     with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
         latency.parse_args(["--batch-size", "8", "0"])
+
+
+def test_structured_overhead_runs_both_configurations(tiny_model_dir, tmp_path):
+    path = tmp_path / "structured.json"
+    argv = ["--model", tiny_model_dir, *ENGINE_FLAGS, "--batch-sizes", "2", "--input-len", "8", "--output-len", "6"]
+    assert structured.main([*argv, "--repeats", "3", "--output-json", str(path)]) == 0
+    (row,) = json.loads(path.read_text())["rows"]
+    assert row["batch_size"] == 2 and len(row["free_runs"]) == len(row["json_schema_runs"]) == 3
+    assert row["free_output_tokens_per_s"] == sorted(row["free_runs"])[1]
+    ratio = row["json_schema_output_tokens_per_s"] / row["free_output_tokens_per_s"]
+    assert row["overhead"] == pytest.approx(1 - ratio)

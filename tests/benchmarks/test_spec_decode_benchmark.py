@@ -34,10 +34,18 @@ def test_async_scheduling_on_leaves_the_ngram_proposer_out(tmp_path):
     model = save_tiny_default_model(tmp_path / "tiny")
     path = tmp_path / "spec.json"
     argv = ["--model", model, "--draft-model", model, "--async-scheduling", "on", "--workloads", "random"]
-    argv += ["--num-prompts", "2", "--input-len", "16", "--output-len", "24", "--num-speculative-tokens", "3"]
-    argv += ["--max-model-len", "128", "--max-num-batched-tokens", "32"]
+    argv += ["--num-prompts", "1", "2", "--num-iters", "2", "--input-len", "16", "--output-len", "24"]
+    argv += ["--num-speculative-tokens", "3", "--max-model-len", "128", "--max-num-batched-tokens", "32"]
     assert spec_decode.main([*argv, "--output-json", str(path)]) == 0
-    plain, draft_model = json.loads(path.read_text())["runs"]
-    assert (plain["method"], draft_model["method"]) == ("none", "draft_model")
-    assert plain["async_scheduling"] and draft_model["async_scheduling"]
-    assert draft_model["same_tokens_as_without"] and draft_model["acceptance_rate"] == 1.0
+    runs = json.loads(path.read_text())["runs"]
+    assert [(run["method"], run["batch_size"]) for run in runs] == [
+        ("none", 1),
+        ("none", 2),
+        ("draft_model", 1),
+        ("draft_model", 2),
+    ]
+    for run in runs:
+        assert run["async_scheduling"] and len(run["runs_s"]) == 2
+        assert run["output_tokens_per_s_min"] <= run["output_tokens_per_s"] <= run["output_tokens_per_s_max"]
+    for draft_model in runs[2:]:
+        assert draft_model["same_tokens_as_without"] and draft_model["acceptance_rate"] == 1.0
