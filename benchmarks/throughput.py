@@ -123,6 +123,11 @@ def run(args: argparse.Namespace) -> dict:
         ids = harness.random_token_ids(rng, vocab_size, [i for i, _ in lengths])
         elapsed, num_output = time_generate(llm, [{"prompt_token_ids": row} for row in ids], params)
         runs.append(run_rates(elapsed, args.num_prompts, num_input, num_output))
+        print(
+            f"throughput: run {len(runs)} of {args.num_iters}: {elapsed:.2f} s, "
+            f"{runs[-1]['output_tok_per_s']:.1f} output tok/s",
+            flush=True,
+        )
     summary = summarize_runs(runs)
     result.update(
         {
