@@ -35,7 +35,8 @@
 #
 # What comes back (the device tool returns at most 8 files): $OUT/summary.md (every table, and
 # the stderr tail of any failed step), $OUT/results.tar.gz (each step's JSON, stdout and
-# stderr; refreshed after every step) and $OUT/latency.png, $OUT/throughput.png.
+# stderr; refreshed after every step), $OUT/table.md (benchmarks/table.py: every latency and
+# throughput row, median with min and max) and $OUT/latency.png, $OUT/throughput.png.
 #
 # Run from the repository root with PYTHONPATH set, through the device tool with
 # carry [".carry/smollm2"]:  PYTHONPATH=. bash benchmarks/h200_suite.sh
@@ -177,6 +178,7 @@ step startup_8b 480 python3 -m benchmarks.startup --model "$MODEL" --tokenizer "
   --max-model-len 2048 --weights-dir /tmp/vjx-startup-8b --repeats 3 --output-json "$WORK/startup_8b.json"
 
 PLOT_RESERVE_S=0 step plot 30 python3 -m benchmarks.plot "$WORK" --output-dir "$WORK"
+python3 -m benchmarks.table "$WORK" --output "$OUT/table.md" >/dev/null 2>&1
 cp "$WORK"/*.png "$OUT"/ 2>/dev/null
 publish
 echo "suite: $((SECONDS - SUITE_START)) s" | tee -a "$SUMMARY"
