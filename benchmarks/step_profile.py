@@ -12,7 +12,10 @@ every request has its first token (the prefill is done); `jax.profiler` then tra
   CUDA graphs could win back, at most.
 Python calls are not traced (that would slow the host several times over); the profiler's
 remaining host work still makes `wall` an upper bound. The top kernels by time are listed
-under the table. CPU runs (no device events) report wall only.
+under the table. On a CPU there are no device events: the "kernels" are XLA:CPU's top-level
+ops (a loop with its body counts once, as the loop), grouped as the library GEMM fusions,
+the loops (the `cpu` attention backend's walks, their own GEMMs inside), the KV write's
+scatter and the rest; `busy` is the executor threads' time in them.
 
     PYTHONPATH=. python3 -m benchmarks.step_profile --model benchmarks/configs/llama-3.1-8b \
         --tokenizer .carry/smollm2 --load-format dummy --dtype bfloat16 --max-model-len 2048 \
@@ -43,33 +46,69 @@ HEADER = ["batch", "steps", "wall ms", "busy ms", "busy %", "gemm ms", "attentio
 NUM_TOP_KERNELS = 12
 
 
-def kernel_group(name: str) -> str:
+def kernel_group(name: str, groups=GROUPS) -> str:
     lowered = name.lower()
-    for group, markers in GROUPS:
+    for group, markers in groups:
         if any(marker in lowered for marker in markers):
             return group
     return "other"
 
 
-def device_kernel_us(trace_dir: str) -> dict[str, list[float]]:
-    """{kernel name: [total us, calls]} over the trace's device (GPU/TPU) events."""
-    totals: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+CPU_GROUPS = (
+    ("gemm", ("ynn", "xnn", "onednn", "dot")),
+    ("attention", ("while", "cond")),
+    ("kv_write", ("scatter",)),
+)
+"""XLA:CPU's top-level ops by group: the library GEMM fusions, the loops (on the CPU the
+attention's walks over rows and key chunks are `while`/`cond` ops, with their own GEMMs inside),
+the KV write."""
+
+
+def _trace_events(trace_dir: str) -> list[dict]:
+    events = []
     for path in glob.glob(f"{trace_dir}/**/*.trace.json.gz", recursive=True):
         with gzip.open(path) as f:
             trace = json.load(f)
-        events = trace["traceEvents"] if isinstance(trace, dict) else trace
-        devices = {
-            e["pid"]
-            for e in events
-            if e.get("ph") == "M"
-            and e.get("name") == "process_name"
-            and str(e["args"].get("name", "")).startswith(("/device:GPU", "/device:TPU"))
-        }
-        for e in events:
-            if e.get("ph") == "X" and e.get("pid") in devices:
-                totals[e["name"]][0] += e.get("dur", 0.0)
-                totals[e["name"]][1] += 1
+        events.extend(trace["traceEvents"] if isinstance(trace, dict) else trace)
+    return events
+
+
+def device_kernel_us(trace_dir: str) -> dict[str, list[float]]:
+    """{kernel name: [total us, calls]} over the trace's device (GPU/TPU) events; on a CPU,
+    over XLA's top-level ops (`cpu_top_level_ops`)."""
+    events = _trace_events(trace_dir)
+    devices = {
+        e["pid"]
+        for e in events
+        if e.get("ph") == "M"
+        and e.get("name") == "process_name"
+        and str(e["args"].get("name", "")).startswith(("/device:GPU", "/device:TPU"))
+    }
+    kernels = [e for e in events if e.get("ph") == "X" and e.get("pid") in devices]
+    if not devices:
+        kernels = cpu_top_level_ops(events)
+    totals: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+    for e in kernels:
+        totals[e["name"]][0] += e.get("dur", 0.0)
+        totals[e["name"]][1] += 1
     return totals
+
+
+def cpu_top_level_ops(events: list[dict]) -> list[dict]:
+    """XLA:CPU's ops (events naming an `hlo_op`) that no other op on their thread encloses: a
+    loop's body ops count inside the loop, once."""
+    ops = sorted(
+        (e for e in events if e.get("ph") == "X" and "hlo_op" in e.get("args", {})),
+        key=lambda e: (e["pid"], e["tid"], e["ts"], -e.get("dur", 0.0)),
+    )
+    top, open_end, thread = [], -1.0, None
+    for e in ops:
+        if (e["pid"], e["tid"]) != thread:
+            thread, open_end = (e["pid"], e["tid"]), -1.0
+        if e["ts"] >= open_end:
+            top.append(e)
+            open_end = e["ts"] + e.get("dur", 0.0)
+    return top
 
 
 def _trace_options() -> jax.profiler.ProfileOptions:
@@ -102,13 +141,16 @@ def run_batch(llm, args: argparse.Namespace, batch_size: int, rng) -> dict:
         kernels = device_kernel_us(trace_dir)
     while engine.has_unfinished_requests():
         engine.step()
-    return summarize(batch_size, args.num_steps, wall_s, kernels)
+    markers = CPU_GROUPS if jax.default_backend() == "cpu" else GROUPS
+    return summarize(batch_size, args.num_steps, wall_s, kernels, markers)
 
 
-def summarize(batch_size: int, num_steps: int, wall_s: float, kernels: dict[str, list[float]]) -> dict:
+def summarize(batch_size: int, num_steps: int, wall_s: float, kernels: dict[str, list[float]], markers=GROUPS) -> dict:
+    """The step's profile from its kernels' totals; `markers` name each group's kernels
+    (`GROUPS` on a GPU or TPU, `CPU_GROUPS` on a CPU)."""
     groups = collections.defaultdict(float)
     for name, (total_us, _) in kernels.items():
-        groups[kernel_group(name)] += total_us / num_steps / 1e3
+        groups[kernel_group(name, markers)] += total_us / num_steps / 1e3
     busy_ms = sum(groups.values()) if kernels else None
     wall_ms = wall_s / num_steps * 1e3
     top = sorted(kernels.items(), key=lambda item: -item[1][0])[:NUM_TOP_KERNELS]
