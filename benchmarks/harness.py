@@ -217,6 +217,19 @@ def write_json(path: str | None, result: dict) -> None:
             f.write("\n")
 
 
+def lower_median(values: list, key=None):
+    """The middle item of `values` (by `key`), the lower of the two middle ones for an even count:
+    always an item that was measured."""
+    return sorted(values, key=key)[(len(values) - 1) // 2]
+
+
+def with_range(median: float, values: list[float], spec: str = ".1f") -> str:
+    """A median for a table cell, with the runs' min and max where there were several."""
+    if len(values) < 2:
+        return f"{median:{spec}}"
+    return f"{median:{spec}} ({min(values):{spec}}-{max(values):{spec}})"
+
+
 def fmt(value, spec: str = ".3f", unit: str = "") -> str:
     """A number for a table cell; '-' where a value is unknown (e.g. no peak for the device)."""
     if value is None:

@@ -92,7 +92,7 @@ def _timed_runs(llm: LLM, prompts: list, args: argparse.Namespace) -> dict:
         seconds.append(time.perf_counter() - start)
     spec = llm.llm_engine.engine_core.make_stats().spec_decoding_stats
     num_tokens = sum(len(output.outputs[0].token_ids) for output in outputs)
-    median = sorted(seconds)[(len(seconds) - 1) // 2]
+    median = harness.lower_median(seconds)
     return {
         "seconds": median,
         "runs_s": seconds,
@@ -117,9 +117,9 @@ def run(args: argparse.Namespace, method: str) -> list[dict]:
     for workload in args.workloads:
         rng = np.random.default_rng(0)
         for batch_size in args.num_prompts:
+            prompts = _prompts(llm, workload, batch_size, args.input_len, rng)
             row = {"workload": workload, "batch_size": batch_size, "method": method}
-            row["async_scheduling"] = async_scheduling
-            rows.append({**row, **_timed_runs(llm, _prompts(llm, workload, batch_size, args.input_len, rng), args)})
+            rows.append({**row, "async_scheduling": async_scheduling, **_timed_runs(llm, prompts, args)})
     llm.shutdown()
     del llm
     gc.collect()

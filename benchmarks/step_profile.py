@@ -73,20 +73,21 @@ def _trace_events(trace_dir: str) -> list[dict]:
     return events
 
 
-def device_kernel_us(trace_dir: str) -> dict[str, list[float]]:
-    """{kernel name: [total us, calls]} over the trace's device (GPU/TPU) events; on a CPU,
-    over XLA's top-level ops (`cpu_top_level_ops`)."""
+def device_kernel_us(trace_dir: str, on_cpu: bool = False) -> dict[str, list[float]]:
+    """{kernel name: [total us, calls]} over the trace's device (GPU/TPU) events, or with
+    `on_cpu` over XLA's top-level ops (`cpu_top_level_ops`)."""
     events = _trace_events(trace_dir)
-    devices = {
-        e["pid"]
-        for e in events
-        if e.get("ph") == "M"
-        and e.get("name") == "process_name"
-        and str(e["args"].get("name", "")).startswith(("/device:GPU", "/device:TPU"))
-    }
-    kernels = [e for e in events if e.get("ph") == "X" and e.get("pid") in devices]
-    if not devices:
+    if on_cpu:
         kernels = cpu_top_level_ops(events)
+    else:
+        devices = {
+            e["pid"]
+            for e in events
+            if e.get("ph") == "M"
+            and e.get("name") == "process_name"
+            and str(e["args"].get("name", "")).startswith(("/device:GPU", "/device:TPU"))
+        }
+        kernels = [e for e in events if e.get("ph") == "X" and e.get("pid") in devices]
     totals: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
     for e in kernels:
         totals[e["name"]][0] += e.get("dur", 0.0)
@@ -138,11 +139,11 @@ def run_batch(llm, args: argparse.Namespace, batch_size: int, rng) -> dict:
             engine.step()
         wall_s = time.perf_counter() - start
         jax.profiler.stop_trace()
-        kernels = device_kernel_us(trace_dir)
+        on_cpu = jax.default_backend() == "cpu"
+        kernels = device_kernel_us(trace_dir, on_cpu)
     while engine.has_unfinished_requests():
         engine.step()
-    markers = CPU_GROUPS if jax.default_backend() == "cpu" else GROUPS
-    return summarize(batch_size, args.num_steps, wall_s, kernels, markers)
+    return summarize(batch_size, args.num_steps, wall_s, kernels, CPU_GROUPS if on_cpu else GROUPS)
 
 
 def summarize(batch_size: int, num_steps: int, wall_s: float, kernels: dict[str, list[float]], markers=GROUPS) -> dict:

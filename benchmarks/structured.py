@@ -46,10 +46,6 @@ def _tokens_per_s(llm, prompts: list[list[int]], params: SamplingParams, repeats
     return rates
 
 
-def _median(values: list[float]) -> float:
-    return sorted(values)[(len(values) - 1) // 2]
-
-
 def run(args: argparse.Namespace) -> dict:
     llm, result = harness.start_engine_run(args, "structured")
     harness.check_batch_sizes(args.batch_sizes, llm.llm_engine.config.scheduler_config.max_num_seqs)
@@ -66,12 +62,13 @@ def run(args: argparse.Namespace) -> dict:
         prompts = harness.random_token_ids(rng, harness.prompt_vocab_size(llm), [args.input_len] * batch_size)
         free_rates = _tokens_per_s(llm, prompts, free, args.repeats)
         constrained_rates = _tokens_per_s(llm, prompts, constrained, args.repeats)
+        free_tps, constrained_tps = harness.lower_median(free_rates), harness.lower_median(constrained_rates)
         rows.append(
             {
                 "batch_size": batch_size,
-                "free_output_tokens_per_s": _median(free_rates),
-                "json_schema_output_tokens_per_s": _median(constrained_rates),
-                "overhead": 1 - _median(constrained_rates) / _median(free_rates),
+                "free_output_tokens_per_s": free_tps,
+                "json_schema_output_tokens_per_s": constrained_tps,
+                "overhead": 1 - constrained_tps / free_tps,
                 "free_runs": free_rates,
                 "json_schema_runs": constrained_rates,
             }
@@ -80,15 +77,11 @@ def run(args: argparse.Namespace) -> dict:
     return result
 
 
-def _with_range(median: float, runs: list[float]) -> str:
-    return f"{median:.1f} ({min(runs):.1f}-{max(runs):.1f})"
-
-
 def table_row(row: dict) -> list[str]:
     return [
         str(row["batch_size"]),
-        _with_range(row["free_output_tokens_per_s"], row["free_runs"]),
-        _with_range(row["json_schema_output_tokens_per_s"], row["json_schema_runs"]),
+        harness.with_range(row["free_output_tokens_per_s"], row["free_runs"]),
+        harness.with_range(row["json_schema_output_tokens_per_s"], row["json_schema_runs"]),
         harness.fmt(row["overhead"], ".1%"),
     ]
 

@@ -101,7 +101,7 @@ def run_rates(elapsed: float, num_prompts: int, num_input: int, num_output: int)
 def summarize_runs(runs: list[dict]) -> dict:
     """The median run's record (by time; the lower middle of an even count), the range of the
     runs' output tok/s, and every run."""
-    median = sorted(runs, key=lambda r: r["generate_s"])[(len(runs) - 1) // 2]
+    median = harness.lower_median(runs, key=lambda r: r["generate_s"])
     rates = [r["output_tok_per_s"] for r in runs]
     return {**median, "output_tok_per_s_min": min(rates), "output_tok_per_s_max": max(rates), "runs": runs}
 
@@ -158,18 +158,10 @@ def table_row(result: dict) -> list[str]:
         result["device"],
         harness.workload_label(result),
         f"{result['requests_per_s']:.2f}",
-        output_rate(result),
+        harness.with_range(result["output_tok_per_s"], [r["output_tok_per_s"] for r in result.get("runs", [])]),
         f"{result['total_tok_per_s']:.1f}",
         harness.fmt(result["tensor_core_fraction"], ".1%"),
     ]
-
-
-def output_rate(result: dict) -> str:
-    """The median run's output tok/s, with the range of the runs where there were several."""
-    cell = f"{result['output_tok_per_s']:.1f}"
-    if len(result["runs"]) > 1:
-        cell += f" ({result['output_tok_per_s_min']:.1f}-{result['output_tok_per_s_max']:.1f})"
-    return cell
 
 
 def main(argv: list[str] | None = None) -> int:
