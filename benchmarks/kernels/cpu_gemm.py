@@ -1,6 +1,6 @@
 """XLA:CPU's GEMMs at decode row counts, with YNNPACK fusion on (XLA's default) and off (Eigen's
-dot), per executable through `compiler_options`: the choice issue #32 weighs for the CPU's
-small buckets.
+dot), per executable through `compiler_options`: the measurement behind
+`vjx.worker.step_layout.compiler_options` (YNNPACK off for the CPU's decode buckets).
 
     python -m benchmarks.kernels.cpu_gemm --shapes 576x960 576x3072 1536x576 \
         --rows 1 8 64 512 [--layers 30] [--output-json cpu_gemm.json]
@@ -20,8 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import harness
+from vjx.worker.step_layout import YNN_FUSION_OFF
 
-YNN_OFF = {"xla_cpu_experimental_ynn_fusion_type": ""}
 HEADER = ["shape (in x out)", "rows", "ynn on ms", "ynn off ms", "ynn on GB/s", "ynn off GB/s"]
 
 
@@ -50,7 +50,7 @@ def run_case(shape: tuple[int, int], num_rows: int, weights: list[jax.Array], re
     rows = jnp.asarray(np.random.default_rng(1).standard_normal((num_rows, shape[0])), jnp.float32)
     lowered = jax.jit(lambda x, w: x @ w).lower(rows, weights[0])
     on = time_pass(lowered.compile(), rows, weights, repeats)
-    off = time_pass(lowered.compile(compiler_options=YNN_OFF), rows, weights, repeats)
+    off = time_pass(lowered.compile(compiler_options=YNN_FUSION_OFF), rows, weights, repeats)
     weight_bytes = shape[0] * shape[1] * 4
     return {
         "in": shape[0],

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from benchmarks.kernels import cpu_gemm
+from vjx.worker.step_layout import YNN_FUSION_OFF
 
 
 def test_both_dot_paths_are_timed_for_every_case(tmp_path, capsys):
@@ -25,7 +26,7 @@ def test_ynn_off_compiles_without_ynn_fusions():
 
     lowered = jax.jit(lambda x, w: x @ w).lower(jnp.ones((8, 576)), jnp.ones((576, 960)))
     assert "__ynn_fusion" in lowered.compile().as_text()
-    assert "__ynn_fusion" not in lowered.compile(compiler_options=cpu_gemm.YNN_OFF).as_text()
+    assert "__ynn_fusion" not in lowered.compile(compiler_options=YNN_FUSION_OFF).as_text()
 
 
 @pytest.mark.parametrize("shape", ["576", "0x5", "ax5"])

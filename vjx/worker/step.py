@@ -31,7 +31,7 @@ from vjx.sharding.constraints import replicate
 from vjx.sharding.placement import abstract_like
 from vjx.spec_decode.async_drafts import correct_optimistic_fields
 from vjx.spec_decode.sample_positions import num_rejected_drafts, sample_positions_metadata
-from vjx.worker.step_layout import StepLayout
+from vjx.worker.step_layout import StepLayout, compiler_options
 
 # Prompt logprobs need the logits of every token: computed this many tokens at a time.
 _PROMPT_LOGITS_CHUNK = 256
@@ -233,5 +233,6 @@ def compile_step(
     prev_sampled = jax.ShapeDtypeStruct((layout.sampled_size,), jnp.int32, sharding=replicated)
     packed = jax.ShapeDtypeStruct((layout.size,), jnp.int32, sharding=replicated)
     grammar_bans = jax.ShapeDtypeStruct((layout.num_samples, layout.num_bitmask_words), jnp.int32, sharding=replicated)
+    options = compiler_options(mesh.devices.flat[0].platform, layout.num_tokens)
     with jax.set_mesh(mesh):
-        return fn.lower(*structs, prev_sampled, packed, grammar_bans).compile()
+        return fn.lower(*structs, prev_sampled, packed, grammar_bans).compile(compiler_options=options)

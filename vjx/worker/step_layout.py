@@ -34,6 +34,20 @@ def decode_buckets(platform: str, max_num_batched_tokens: int) -> tuple[int, ...
     return _CPU_DECODE_BUCKETS
 
 
+YNN_FUSION_OFF = {"xla_cpu_experimental_ynn_fusion_type": ""}
+"""XLA:CPU compiles its dots to its own Eigen kernels, none to YNNPACK fusions."""
+
+
+def compiler_options(platform: str, num_tokens: int) -> dict[str, str] | None:
+    """XLA options for one bucket's program: the CPU's decode buckets (below 16 tokens) leave
+    their dots to XLA's own Eigen kernels instead of YNNPACK fusions, which stream the weights
+    more slowly at a few rows (`benchmarks/kernels/cpu_gemm.py`: 4-43% less time at 8 rows
+    on SmolLM2-135M's projections; YNNPACK ahead from 64 rows, so larger buckets keep it)."""
+    if platform == "cpu" and num_tokens < _MIN_TOKEN_BUCKET:
+        return YNN_FUSION_OFF
+    return None
+
+
 def step_variants(platform: str) -> tuple["StepFeatures", ...]:
     """The variants each bucket compiles: PLAIN and GENERAL, or GENERAL alone on the CPU,
     where a run-time conditional costs no wait for the device (two cores, SmolLM2-135M:
