@@ -6,12 +6,12 @@ span one row or many, sliding windows that skip whole chunks, soft caps and padd
 
 import functools
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from tests.helpers.attention_batches import BatchShape, dense_attention, make_batch, relative_error
+from tests.helpers.quick_compile import quick_jit
 from tests.helpers.tiny_llama import ENGINE_ARGS, PROMPTS, assert_greedy_like_transformers, save_tiny_llama
 from vjx import LLM, SamplingParams
 from vjx.attention.backend import default_backend_name, get_attention_backend
@@ -29,7 +29,7 @@ SCENARIOS = {
 }
 
 
-@functools.partial(jax.jit, static_argnames=("backend", "sliding_window", "soft_cap"), donate_argnames="kv_cache")
+@functools.partial(quick_jit, static_argnames=("backend", "sliding_window", "soft_cap"), donate_argnames="kv_cache")
 def _forward(backend, q, k, v, kv_cache, md, sliding_window, soft_cap):
     return backend.forward(q, k, v, kv_cache, md, sm_scale=SM_SCALE, sliding_window=sliding_window, soft_cap=soft_cap)
 

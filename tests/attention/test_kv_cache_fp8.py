@@ -16,6 +16,7 @@ import pytest
 from flax import nnx
 
 from tests.helpers.attention_batches import BatchShape, dense_attention, make_batch, relative_error
+from tests.helpers.quick_compile import quick_jit
 from tests.helpers.tiny_llama import ENGINE_ARGS, PROMPTS, assert_greedy_like_transformers, save_tiny_llama
 from tests.helpers.tpu_layout import from_gpu_layout
 from vjx import LLM, EngineArgs, SamplingParams
@@ -53,7 +54,7 @@ adapter's one-row batch); the bfloat16 cache itself is 0.0015 from the oracle. e
 mantissa bits, about 3% RMS error per element."""
 
 
-@functools.partial(jax.jit, static_argnames=("backend",), donate_argnames=("kv_cache",))
+@functools.partial(quick_jit, static_argnames=("backend",), donate_argnames=("kv_cache",))
 def _forward(backend, q, k, v, kv_cache, md, k_scale, v_scale):
     return backend.forward(q, k, v, kv_cache, md, sm_scale=SM_SCALE, k_scale=k_scale, v_scale=v_scale)
 
@@ -264,7 +265,7 @@ def test_attention_layer_scales_reach_its_cache(fp8_worker):
     )
     empty = next(iter(fp8_worker._allocate_kv_caches(2).values()))
 
-    @jax.jit
+    @quick_jit
     def run(graphdef, state):
         return nnx.merge(graphdef, state)(x, jnp.arange(num_tokens, dtype=jnp.int32), empty, md)
 

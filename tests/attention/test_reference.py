@@ -7,11 +7,11 @@ compiled step serves all scenarios of a (block size, GQA, masking) variant.
 import dataclasses
 import functools
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.helpers.quick_compile import quick_jit
 from vjx.attention.metadata import AttentionMetadata
 from vjx.attention.reference import ReferenceBackend
 
@@ -43,7 +43,7 @@ class Batch:
     block_size: int
 
 
-@functools.partial(jax.jit, static_argnames=("sliding_window", "soft_cap"), donate_argnames="kv_cache")
+@functools.partial(quick_jit, static_argnames=("sliding_window", "soft_cap"), donate_argnames="kv_cache")
 def _forward(q, k, v, kv_cache, md, sliding_window, soft_cap):
     return ReferenceBackend().forward(
         q, k, v, kv_cache, md, sm_scale=SM_SCALE, sliding_window=sliding_window, soft_cap=soft_cap
@@ -213,7 +213,7 @@ def test_kv_cache_shape():
 def test_small_chunks_match_one_big_chunk():
     batch = make_batch(SCENARIOS["mixed_chunked_prefill"], 4, 2 * NUM_KV_HEADS, seed=3)
     backend = ReferenceBackend(keys_per_chunk=8)
-    small = jax.jit(functools.partial(backend.forward, sm_scale=SM_SCALE))
+    small = quick_jit(functools.partial(backend.forward, sm_scale=SM_SCALE))
     out, _ = small(
         jnp.asarray(batch.q),
         jnp.asarray(batch.k),

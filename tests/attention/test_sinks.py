@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.attention_batches import BatchShape, dense_attention, make_batch, relative_error
+from tests.helpers.quick_compile import quick_jit
 from vjx.attention.cpu import CpuBackend
 from vjx.attention.pallas_gpu import PallasGpuBackend
 from vjx.attention.pallas_tpu import PallasTpuBackend
@@ -44,7 +45,7 @@ BACKENDS = {
 }
 
 
-@functools.partial(jax.jit, static_argnames=("backend", "sliding_window", "soft_cap"))
+@functools.partial(quick_jit, static_argnames=("backend", "sliding_window", "soft_cap"))
 def _forward(backend, q, k, v, kv_cache, md, sinks, sliding_window=None, soft_cap=None):
     return backend.forward(
         q, k, v, kv_cache, md, sm_scale=SM_SCALE, sliding_window=sliding_window, soft_cap=soft_cap, sinks=sinks

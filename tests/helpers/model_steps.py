@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from tests.helpers.quick_compile import quick_jit
 from vjx.attention.metadata import AttentionMetadata
 from vjx.attention.reference import ReferenceBackend
 
@@ -23,7 +24,7 @@ NUM_BLOCKS = 40
 WIDTH = NUM_TOKENS // BLOCK_SIZE  # W
 
 
-@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
+@functools.partial(quick_jit, static_argnums=0, donate_argnums=2)
 def _step(graphdef, state, kv_caches, input_ids, positions, md):
     model = nnx.merge(graphdef, state)
     hidden, kv_caches = model(input_ids, positions, kv_caches, [md] * len(kv_caches))

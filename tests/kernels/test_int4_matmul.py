@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh
 
+from tests.helpers.quick_compile import quick_jit
 from vjx.kernels.int4_matmul import int4_matmul, kernel_fits
 from vjx.models.layers.param import logical_param
 from vjx.quantization.int4 import dequantized_matmul, int4_linear
@@ -74,7 +75,7 @@ def test_kernel_per_device_under_tensor_parallelism_equals_one_device(axes):
     want = dequantized_matmul(x, packed, scale, zero)
     mesh = Mesh(np.asarray(jax.devices()[:2]), ("model",))
     with jax.set_mesh(mesh):
-        got = jax.jit(lambda x: int4_linear(x, *params, use_kernel=True, interpret=True))(x)
+        got = quick_jit(lambda x: int4_linear(x, *params, use_kernel=True, interpret=True))(x)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
 
 

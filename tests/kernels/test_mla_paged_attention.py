@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.attention_batches import relative_error
+from tests.helpers.quick_compile import quick_jit
 from vjx.attention.metadata import AttentionMetadata
 from vjx.attention.mla import latent_attention, write_latent
 from vjx.kernels.mla_paged_attention import MlaLaunch, MlaTuning, mla_paged_attention
@@ -113,7 +114,7 @@ def make_step(requests, shape: StepShape = SHAPE, seed: int = 0) -> Step:
     )
 
 
-@functools.partial(jax.jit, static_argnames=("sm_scale", "kv_lora_rank", "tuning", "interpret"))
+@functools.partial(quick_jit, static_argnames=("sm_scale", "kv_lora_rank", "tuning", "interpret"))
 def kernel(q_latent, latent, kv_cache, md, sm_scale, kv_lora_rank, tuning, interpret=True):
     """The step's write as mla.py does it, then the kernel."""
     kv_cache = write_latent(kv_cache, latent, md.slot_mapping)
@@ -122,7 +123,7 @@ def kernel(q_latent, latent, kv_cache, md, sm_scale, kv_lora_rank, tuning, inter
     )
 
 
-@functools.partial(jax.jit, static_argnames=("sm_scale", "kv_lora_rank"))
+@functools.partial(quick_jit, static_argnames=("sm_scale", "kv_lora_rank"))
 def reference(q_latent, latent, kv_cache, md, sm_scale, kv_lora_rank):
     kv_cache = write_latent(kv_cache, latent, md.slot_mapping)
     return latent_attention(q_latent, kv_cache, md, sm_scale=sm_scale, kv_lora_rank=kv_lora_rank)

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.attention_batches import BatchShape, dense_attention, make_batch, relative_error
+from tests.helpers.quick_compile import quick_jit
 from vjx.attention.backend import get_attention_backend
 from vjx.attention.pallas_gpu import PallasGpuBackend
 from vjx.kernels.paged_prefill_mgpu import MosaicPrefillTuning, num_query_blocks, query_block_schedule
@@ -35,7 +36,7 @@ def _finite_batch(requests, shape: BatchShape, dtype, seed: int = 0):
     return dataclasses.replace(batch, kv_cache=np.where(np.isnan(batch.kv_cache), noise, batch.kv_cache))
 
 
-@functools.partial(jax.jit, static_argnames=("scoring", "tuning", "mosaic", "interpret"))
+@functools.partial(quick_jit, static_argnames=("scoring", "tuning", "mosaic", "interpret"))
 def _attend(q, kv_cache, md, scoring, tuning, mosaic, interpret):
     metadata = (md.query_start_loc, md.seq_lens, md.block_tables, md.num_seqs)
     return ragged_paged_attention(

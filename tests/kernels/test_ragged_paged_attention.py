@@ -9,12 +9,12 @@ a token that no launch writes (a padding token included) fails the comparison.
 import dataclasses
 import functools
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from tests.helpers.attention_batches import BatchShape, dense_attention, make_batch, relative_error
+from tests.helpers.quick_compile import quick_jit
 from vjx.kernels.ragged_paged_attention import Scoring, ragged_paged_attention
 from vjx.kernels.tuning import AttentionTuning, KernelTuning, default_tuning
 
@@ -53,7 +53,7 @@ def _shape(group: int, head_dim: int, page_size: int) -> BatchShape:
     return BatchShape(NUM_TOKENS, NUM_ROWS, 2 * group, 2, head_dim, page_size, MAX_MODEL_LEN)
 
 
-@functools.partial(jax.jit, static_argnames=("scoring",))
+@functools.partial(quick_jit, static_argnames=("scoring",))
 def _attend(q, kv_cache, md, scoring):
     return ragged_paged_attention(
         q,
@@ -105,7 +105,7 @@ def test_default_tuning_runs_long_rows():
     q, _, _, kv_cache = batch.device_arrays()
     scoring = Scoring(sm_scale=0.125)
     md = batch.md
-    out = jax.jit(functools.partial(ragged_paged_attention, scoring=scoring, interpret=True))(
+    out = quick_jit(functools.partial(ragged_paged_attention, scoring=scoring, interpret=True))(
         q, kv_cache, md.query_start_loc, md.seq_lens, md.block_tables, md.num_seqs
     )
     expected = dense_attention(batch, 0.125)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.attention_batches import relative_error
+from tests.helpers.quick_compile import quick_jit
 from vjx.attention.metadata import AttentionMetadata
 from vjx.kernels.ssd_scan import SsdTuning, mamba_chunk_scan_combined
 from vjx.mamba import ssd
@@ -97,7 +98,7 @@ def check(step: Step, dtype, chunk_size: int, tuning: SsdTuning | None) -> None:
     ssm_state = jnp.asarray(step.ssm_state)
     kwargs = dict(chunk_size=chunk_size, dt_limit=DT_LIMIT)
     y, state = mamba_chunk_scan_combined(inputs, ssm_state, step.md, **kwargs, tuning=tuning, interpret=True)
-    y_ref, state_ref = jax.jit(ssd.mamba_chunk_scan_combined, static_argnames=tuple(kwargs))(
+    y_ref, state_ref = quick_jit(ssd.mamba_chunk_scan_combined, static_argnames=tuple(kwargs))(
         inputs, ssm_state, step.md, **kwargs
     )
     assert y.dtype == jnp.dtype(dtype) and state.dtype == jnp.float32

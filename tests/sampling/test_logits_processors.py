@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tests.helpers.quick_compile import quick_jit
 from tests.helpers.sampling_metadata import (
     make_metadata,
     pad_rows,
@@ -20,9 +21,9 @@ from vjx.sampling.penalties import apply_penalties, has_penalties
 from vjx.sampling.sampler import apply_logits_processors
 
 V = 16
-_apply_penalties = jax.jit(apply_penalties)
-_apply_bad_words = jax.jit(apply_bad_words)
-_apply_logits_processors = jax.jit(apply_logits_processors)
+_apply_penalties = quick_jit(apply_penalties)
+_apply_bad_words = quick_jit(apply_bad_words)
+_apply_logits_processors = quick_jit(apply_logits_processors)
 
 # (prompt, output): repeats inside the prompt, inside the output, and across both.
 _HISTORIES = [
@@ -109,7 +110,7 @@ def test_logit_bias_and_allowed_tokens():
     bias[1, 4] = 1.5  # and a bias on one of them
     bias[3] = 9.0  # a row that does not say it has a bias is left alone
     md = make_metadata(4, V, logit_bias=bias, has_logit_bias=[True, True, False, False])
-    got = np.asarray(jax.jit(apply_logit_bias)(logits, md))
+    got = np.asarray(quick_jit(apply_logit_bias)(logits, md))
     expected = logits.copy()
     expected[:2] += bias[:2]
     np.testing.assert_array_equal(got, expected)
@@ -120,7 +121,7 @@ def test_min_tokens_masks_stop_tokens_only_below_min_tokens():
     logits = np.arange(3 * V, dtype=np.float32).reshape(3, V)
     stop = pad_rows([[0, 5], [1], [2, 3]], fill=-1)
     md = make_metadata(3, V, stop_token_ids=stop, is_below_min_tokens=[True, False, True])
-    got = np.asarray(jax.jit(apply_min_tokens)(logits, md))
+    got = np.asarray(quick_jit(apply_min_tokens)(logits, md))
     expected = logits.copy()
     expected[0, [0, 5]] = -np.inf
     expected[2, [2, 3]] = -np.inf

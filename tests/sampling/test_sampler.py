@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from jaxtyping import install_import_hook
 
+from tests.helpers.quick_compile import quick_jit
 from tests.helpers.sampling_metadata import make_metadata, pad_rows, reference_penalties
 
 # The metadata stays unchecked: `jit(...).lower` rebuilds pytrees with placeholder leaves.
@@ -19,8 +20,8 @@ with install_import_hook(["vjx.sampling.top_k_top_p", "tests.helpers.top_k_top_p
     from vjx.sampling.top_k_top_p import SubsetShape
 
 V = 64
-_sample = jax.jit(sample)
-_apply_top_k_top_p = jax.jit(apply_top_k_top_p)
+_sample = quick_jit(sample)
+_apply_top_k_top_p = quick_jit(apply_top_k_top_p)
 
 
 def _md(num_rows, temperature=1.0, top_k=0, top_p=1.0, seeds=0, positions=0, all_greedy=False, vocab_size=V):
@@ -308,7 +309,7 @@ def test_subset_search_keeps_exactly_the_sorted_reference_set():
     logits = _peaked_logits(np.random.default_rng(9), num_rows, vocab_size)
     top_k = np.resize([1, 3, 4, 10, 50, 0, 2], num_rows)
     top_p = np.resize(np.array([1.0, 0.9, 0.5, 0.05, 0.99], np.float32), num_rows)
-    on_subset = jax.jit(functools.partial(apply_top_k_top_p, subset=subset))
+    on_subset = quick_jit(functools.partial(apply_top_k_top_p, subset=subset))
     filtered = np.asarray(on_subset(logits, top_k, top_p))
     for row in range(num_rows):
         expected = _reference_kept(logits[row], top_k[row], top_p[row])
